@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# C++ trainer vs the Python peer (shared/peers/gpt_torch.py, PyTorch with /usr/bin/python3) on the
+# same work: same model shape, batch, precision (fp32) and thread count, on CPU, in one run.
+# The peer trains on random ids; the trainer on real shards through its reader (same shapes, so
+# the same FLOPs). Rounds alternate peer/trainer so drift hits both; the median of each is reported.
+#
+# usage: bench/cpu_vs_peer.sh [--threads N] [--rounds R] [--steps S] [--layers L --heads H --dim D
+#                              --seq T --batch B --vocab V]
+# Prints one JSON line: {"peer_tokens_per_s":..., "cpp_tokens_per_s":..., "ratio":..., ...}
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS=1 ROUNDS=3 STEPS=20 LAYERS=4 HEADS=4 DIM=256 SEQ=256 BATCH=8 VOCAB=4096
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) THREADS=$2 ;; --rounds) ROUNDS=$2 ;; --steps) STEPS=$2 ;; --layers) LAYERS=$2 ;;
+    --heads) HEADS=$2 ;; --dim) DIM=$2 ;; --seq) SEQ=$2 ;; --batch) BATCH=$2 ;; --vocab) VOCAB=$2 ;;
+    *) echo "cpu_vs_peer.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+PEER=${PEER:-../shared/peers/gpt_torch.py}
+[ -f "$PEER" ] || PEER=/work/shared/peers/gpt_torch.py
+[ -x build/bin/trainer ] || bash launch/build.sh >&2
+WORK=$(mktemp -d /tmp/lmbench.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+# Real shards (bytes tokenizer); model.vocab_size pads the vocabulary to the peer's.
+if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.txt"
+else for i in $(seq 20000); do echo "in the beginning god created the heaven and the earth $i"; done > "$WORK/corpus.txt"; fi
+build/bin/prep "$WORK/corpus.txt" --out "$WORK/data" --tokenizer bytes --quiet >&2
+
+export OMP_NUM_THREADS=$THREADS
+peer=() cpp=()
+for r in $(seq "$ROUNDS"); do
+  p=$(/usr/bin/python3 "$PEER" --device cpu --dtype fp32 --threads "$THREADS" --layers "$LAYERS" \
+        --heads "$HEADS" --dim "$DIM" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
+        --steps "$STEPS" --warmup 2 | tail -n 1)
+  peer+=("$(echo "$p" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
+  build/bin/trainer configs/tiny.yaml "run.dir=$WORK/run" "data.train=$WORK/data" \
+      "model.n_layer=$LAYERS" "model.n_head=$HEADS" "model.d_model=$DIM" "model.seq_len=$SEQ" \
+      "model.vocab_size=$VOCAB" "train.micro_batch_size=$BATCH" "train.threads=$THREADS" \
+      "train.max_steps=$((STEPS + 2))" "log.every_steps=$((STEPS + 2))" "eval.batches=0" >/dev/null 2>&1
+  # summary.json tokens_per_s excludes the first step (warm-up).
+  cpp+=("$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$WORK/run/summary.json")")
+  echo "round $r: peer ${peer[-1]} tok/s, c++ ${cpp[-1]} tok/s" >&2
+done
+/usr/bin/python3 - "${peer[*]}" "${cpp[*]}" <<PY
+import json, statistics, sys
+peer = [float(x) for x in sys.argv[1].split()]; cpp = [float(x) for x in sys.argv[2].split()]
+p, c = statistics.median(peer), statistics.median(cpp)
+print(json.dumps({"shape": {"layers": $LAYERS, "heads": $HEADS, "dim": $DIM, "seq": $SEQ, "batch": $BATCH,
+                  "vocab": $VOCAB, "dtype": "fp32", "threads": $THREADS, "steps": $STEPS},
+                  "peer_tokens_per_s": round(p), "cpp_tokens_per_s": round(c), "ratio": round(c / p, 3),
+                  "peer_rounds": peer, "cpp_rounds": cpp}))
+PY

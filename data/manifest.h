@@ -1,0 +1,48 @@
+// manifest.json of a prepared dataset directory: what `prep` wrote and how to verify it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lm::data {
+
+struct ShardInfo {
+  std::string file;    // file name relative to the dataset directory
+  std::string split;   // "train" or "val"
+  uint64_t tokens = 0;
+  uint64_t docs = 0;
+  std::string xxh64;   // 16 hex digits of the whole shard file
+};
+
+struct TokenizerInfo {
+  std::string kind;        // "bytes" or "sentencepiece"
+  uint64_t vocab_size = 0; // ids are < vocab_size
+  uint32_t eos_id = 0;     // document separator
+  uint32_t pad_id = 0;     // padding (never in the loss)
+  std::string file;        // tokenizer model file in the dataset directory ("" for bytes)
+  std::string hash;        // xxh64 hex of the tokenizer (model file bytes, or its kind for bytes)
+};
+
+struct Manifest {
+  int version = 1;
+  std::string dtype;               // "uint16" or "uint32"
+  TokenizerInfo tokenizer;
+  std::vector<ShardInfo> shards;   // in stream order
+  std::string data_version;        // xxh64 hex over all shard checksums + tokenizer hash
+  std::string dir;                 // set by load(): the directory it was read from
+
+  // Reads DIR/manifest.json. Throws DataError naming the file and the problem.
+  static Manifest load(const std::string& dir);
+  // Shards of one split, in order.
+  std::vector<ShardInfo> split(const std::string& name) const;
+  uint64_t split_tokens(const std::string& name) const;
+  // Recomputes each shard's xxh64; throws DataError naming the first file that differs.
+  void verify() const;
+  std::string to_json() const;  // the exact bytes prep writes
+};
+
+// The data version id: xxh64 over the shard checksums (in order) and the tokenizer hash.
+std::string compute_data_version(const std::vector<ShardInfo>& shards, const std::string& tokenizer_hash);
+
+}  // namespace lm::data

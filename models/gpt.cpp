@@ -1,0 +1,91 @@
+// GPT-2 style decoder (see gpt.h).
+#include "models/gpt.h"
+
+#include <cmath>
+
+#include "trainer/compat.h"
+
+namespace lm {
+namespace F = torch::nn::functional;
+
+BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout) {
+  const int64_t d = c.d_model;
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
+  proj = register_module("proj", torch::nn::Linear(d, d));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  fc = register_module("fc", torch::nn::Linear(d, 4 * d));
+  fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
+  auto parts = qkv->forward(ln1->forward(x)).split(C, 2);  // 3 x (B, T, C)
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
+  auto y = compat::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), dropout,
+                                    is_training());                      // (B, H, T, hd)
+  y = proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));     // (B, T, C)
+  auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
+  auto m = fc2->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
+  return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
+}
+
+GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size) : cfg(c), vocab(vocab_size) {
+  wte = register_module("wte", torch::nn::Embedding(vocab_size, c.d_model));
+  wpe = register_module("wpe", torch::nn::Embedding(c.seq_len, c.d_model));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(Block(c));
+  lnf = register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+  init_weights();
+}
+
+void GPTImpl::init_weights() {
+  torch::NoGradGuard ng;
+  const double std = cfg.init_std, resid_std = cfg.init_std / std::sqrt(2.0 * cfg.n_layer);
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    auto& t = p.value();
+    if (t.dim() == 1) {  // LayerNorm weights (the only 1-d weights) -> 1, every bias -> 0
+      bool weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+      weight ? t.fill_(1.0) : t.zero_();
+    } else {
+      bool resid = name.find(".proj.weight") != std::string::npos ||
+                   name.find(".fc2.weight") != std::string::npos;
+      t.normal_(0.0, resid ? resid_std : std);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= cfg.seq_len, "sequence of ", T, " tokens exceeds model.seq_len=", cfg.seq_len);
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = wte->forward(idx) + wpe->forward(pos);  // (B, T, C)
+  if (cfg.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(cfg.dropout).training(is_training()));
+  for (const auto& b : *blocks) x = b->as<Block>()->forward(x);
+  return F::linear(lnf->forward(x), wte->weight);  // tied head: (B, T, V)
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto logits = forward(idx);
+  return F::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
+                          F::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+int64_t GPTImpl::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab) {
+  int64_t v = c.vocab_size > 0 ? c.vocab_size : data_vocab;
+  return (v + c.vocab_multiple - 1) / c.vocab_multiple * c.vocab_multiple;
+}
+
+double flops_per_token(const ModelConfig& c, int64_t num_params) {
+  return 6.0 * static_cast<double>(num_params) +
+         12.0 * static_cast<double>(c.n_layer * c.d_model * c.seq_len);
+}
+
+}  // namespace lm

@@ -1,0 +1,239 @@
+// The gpt model, flat parameters, AdamW, the LR schedule, safetensors and sampling.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/gpt.h"
+#include "tests/testutil.h"
+#include "trainer/errors.h"
+#include "trainer/fileio.h"
+#include "trainer/generate.h"
+#include "trainer/optim.h"
+#include "trainer/safetensors.h"
+
+namespace lm {
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  return c;
+}
+
+TEST(Model, Gpt2SmallHasExactly124475904Parameters) {
+  ModelConfig c;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.d_model = 768;
+  c.seq_len = 1024;
+  EXPECT_EQ(padded_vocab(c, 50257), 50304);
+  GPT m(c, padded_vocab(c, 50257));
+  EXPECT_EQ(m->num_params(), 124475904);
+}
+
+TEST(Model, VocabPaddedToMultiple) {
+  ModelConfig c;
+  EXPECT_EQ(padded_vocab(c, 258), 320);
+  EXPECT_EQ(padded_vocab(c, 4096), 4096);
+  c.vocab_size = 5000;
+  EXPECT_EQ(padded_vocab(c, 258), 5056);
+}
+
+TEST(Model, OutputShapesAndInitialLoss) {
+  torch::manual_seed(0);
+  auto c = tiny_model();
+  GPT m(c, 64);
+  auto idx = torch::randint(0, 64, {3, 16}, torch::kLong);
+  auto logits = m->forward(idx);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 16, 64}));
+  auto loss = m->loss(idx, torch::randint(0, 64, {3, 16}, torch::kLong)).item<double>();
+  EXPECT_NEAR(loss, std::log(64.0), 0.3);  // small init: near-uniform predictions
+  // Shorter sequences work; longer than seq_len are refused.
+  EXPECT_EQ(m->forward(idx.slice(1, 0, 5)).size(1), 5);
+  EXPECT_THROW(m->forward(torch::zeros({1, 17}, torch::kLong)), c10::Error);
+}
+
+TEST(Model, HeadIsTiedAndTargetsMinusOneIgnored) {
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  for (auto& p : m->named_parameters()) EXPECT_EQ(p.key().find("head"), std::string::npos);
+  auto idx = torch::randint(0, 64, {2, 8}, torch::kLong);
+  auto tgt = idx.clone();
+  auto full = m->loss(idx, tgt);
+  tgt.slice(1, 4, 8).fill_(-1);
+  auto half = m->loss(idx, tgt);
+  auto logits = m->forward(idx).slice(1, 0, 4).reshape({-1, 64});
+  auto ref = torch::nn::functional::cross_entropy(logits, idx.slice(1, 0, 4).reshape({-1}));
+  EXPECT_NEAR(half.item<double>(), ref.item<double>(), 1e-5);
+  EXPECT_NE(full.item<double>(), half.item<double>());
+}
+
+TEST(Model, CausalNoFutureLeak) {
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  m->eval();
+  auto a = torch::randint(0, 64, {1, 16}, torch::kLong);
+  auto b = a.clone();
+  b.index_put_({0, 15}, (a.index({0, 15}) + 1) % 64);
+  auto la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 15), lb.slice(1, 0, 15)));
+  EXPECT_FALSE(torch::allclose(la.slice(1, 15, 16), lb.slice(1, 15, 16)));
+}
+
+TEST(FlatParams, ViewsGroupsAndGradients) {
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  auto before = module_tensors(*m);
+  std::vector<torch::Tensor> copies;
+  for (auto& [n, t] : before) copies.push_back(t.detach().clone());
+  FlatParams flat(*m);
+  EXPECT_EQ(flat.numel(), m->num_params());
+  int i = 0;
+  for (auto& [n, t] : module_tensors(*m)) EXPECT_TRUE(torch::equal(t, copies[i++])) << n;
+  int64_t decayed = 0;
+  for (auto& e : flat.entries()) {
+    bool matrix = e.name.find("weight") != std::string::npos && e.name.find("ln") == std::string::npos &&
+                  e.name.find("wte") == std::string::npos && e.name.find("wpe") == std::string::npos;
+    EXPECT_EQ(e.decay, matrix) << e.name;
+    if (e.decay) {
+      decayed += e.numel;
+      EXPECT_LT(e.offset, flat.decay_numel());
+    }
+  }
+  EXPECT_EQ(decayed, flat.decay_numel());
+  // Parameters are views of the flat buffer; gradients accumulate into the flat grad buffer.
+  flat.params().zero_();
+  for (auto& p : m->parameters()) EXPECT_EQ(p.abs().sum().item<double>(), 0.0);
+  torch::manual_seed(1);
+  GPT m2(tiny_model(), 64);
+  FlatParams flat2(*m2);
+  auto idx = torch::randint(0, 64, {2, 16}, torch::kLong);
+  m2->loss(idx, idx).backward();
+  auto g1 = flat2.grads().clone();
+  EXPECT_GT(g1.abs().sum().item<double>(), 0.0);
+  m2->loss(idx, idx).backward();
+  EXPECT_TRUE(torch::allclose(flat2.grads(), 2 * g1, 1e-5, 1e-6));
+  flat2.zero_grad();
+  for (auto& p : m2->parameters()) EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+}
+
+TEST(Optim, AdamWMatchesLibTorchAdamW) {
+  OptimConfig oc;
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  oc.eps = 1e-3;  // the key bias gets ~1e-10 gradients (softmax ignores it): damp their float noise
+  auto run = [&](bool ours) {
+    torch::manual_seed(3);
+    GPT m(tiny_model(), 64);
+    std::unique_ptr<FlatParams> flat;
+    std::unique_ptr<AdamW> opt;
+    std::unique_ptr<torch::optim::AdamW> ref;
+    if (ours) {
+      flat = std::make_unique<FlatParams>(*m);
+      opt = std::make_unique<AdamW>(*flat, oc);
+    } else {
+      std::vector<torch::Tensor> decay, rest;
+      for (auto& p : m->named_parameters())
+        (p.value().dim() >= 2 && p.key().rfind("wte", 0) != 0 && p.key().rfind("wpe", 0) != 0 ? decay : rest)
+            .push_back(p.value());
+      auto o = torch::optim::AdamWOptions(oc.lr).betas({oc.beta1, oc.beta2}).eps(oc.eps);
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(oc.weight_decay)));
+      groups.emplace_back(rest, std::make_unique<torch::optim::AdamWOptions>(o.weight_decay(0.0)));
+      ref = std::make_unique<torch::optim::AdamW>(groups, o);
+    }
+    for (int step = 0; step < 5; ++step) {
+      auto idx = torch::randint(0, 64, {2, 16}, torch::kLong);
+      if (ours) flat->zero_grad(); else ref->zero_grad();
+      m->loss(idx, idx).backward();
+      if (ours) opt->step(oc.lr); else ref->step();
+    }
+    return module_tensors(*m);
+  };
+  auto a = run(true), b = run(false);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i].second, b[i].second, 1e-4, 1e-6)) << a[i].first;
+}
+
+TEST(Optim, ClipScalesToMaxNorm) {
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  FlatParams flat(*m);
+  flat.grads().fill_(1.0);
+  auto norm = clip_grad_norm(flat, 2.0).item<double>();
+  EXPECT_NEAR(norm, std::sqrt(static_cast<double>(flat.numel())), 1e-2);
+  EXPECT_NEAR(flat.grads().norm().item<double>(), 2.0, 1e-4);
+  EXPECT_NEAR(clip_grad_norm(flat, 5.0).item<double>(), 2.0, 1e-4);  // below max: unchanged
+  EXPECT_NEAR(flat.grads().norm().item<double>(), 2.0, 1e-4);
+}
+
+TEST(Optim, Schedule) {
+  ScheduleConfig s;
+  s.warmup_steps = 10;
+  s.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 110, 0), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 110, 9), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 110, 10), 1.0);
+  EXPECT_NEAR(lr_at(s, 1.0, 110, 60), 0.55, 1e-12);  // cosine midpoint
+  EXPECT_NEAR(lr_at(s, 1.0, 110, 110), 0.1, 1e-12);
+  s.kind = "linear";
+  EXPECT_NEAR(lr_at(s, 1.0, 110, 35), 1.0 - 0.9 * 0.25, 1e-12);
+  s.kind = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 110, 100), 1.0);
+}
+
+TEST(Safetensors, RoundTripIsByteIdenticalAndChecked) {
+  test::TempDir dir;
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  save_safetensors(dir / "a.safetensors", module_tensors(*m), {{"format", "pt"}});
+  torch::manual_seed(0);
+  GPT m2(tiny_model(), 64);
+  save_safetensors(dir / "b.safetensors", module_tensors(*m2), {{"format", "pt"}});
+  EXPECT_EQ(test::read_text(dir / "a.safetensors"), test::read_text(dir / "b.safetensors"));
+  std::map<std::string, std::string> meta;
+  auto loaded = load_safetensors(dir / "a.safetensors", &meta);
+  EXPECT_EQ(meta.at("format"), "pt");
+  torch::manual_seed(9);
+  GPT m3(tiny_model(), 64);
+  load_into_module(*m3, loaded, "a");
+  auto x = module_tensors(*m), y = module_tensors(*m3);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(torch::equal(x[i].second, y[i].second));
+  // Header layout: u64 length, JSON, 8-byte aligned data.
+  auto bytes = test::read_text(dir / "a.safetensors");
+  uint64_t hlen;
+  std::memcpy(&hlen, bytes.data(), 8);
+  EXPECT_EQ(hlen % 8, 0u);
+  EXPECT_EQ(bytes[8], '{');
+  // A truncated file or a shape mismatch is a CheckpointError naming the problem.
+  test::write_text(dir / "bad.safetensors", bytes.substr(0, bytes.size() - 4));
+  EXPECT_THROW(load_safetensors(dir / "bad.safetensors"), CheckpointError);
+  GPT other(tiny_model(), 128);
+  EXPECT_THROW(load_into_module(*other, loaded, "a"), CheckpointError);
+}
+
+TEST(Generate, SeededAndGreedy) {
+  torch::manual_seed(0);
+  GPT m(tiny_model(), 64);
+  SampleOptions o;
+  o.max_new_tokens = 20;  // longer than seq_len - prompt: the context is cropped
+  o.vocab_limit = 50;
+  torch::manual_seed(5);
+  auto a = generate(m, {1, 2, 3}, o);
+  torch::manual_seed(5);
+  auto b = generate(m, {1, 2, 3}, o);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), 23u);
+  for (size_t i = 3; i < a.size(); ++i) EXPECT_LT(a[i], 50);
+  o.top_k = 1;
+  o.max_new_tokens = 1;
+  auto g = generate(m, {1, 2, 3}, o);
+  auto logits = m->forward(torch::tensor(std::vector<int64_t>{1, 2, 3}).view({1, 3}));
+  EXPECT_EQ(g.back(), logits[0][2].slice(0, 0, 50).argmax().item<int64_t>());
+}
+
+}  // namespace
+}  // namespace lm

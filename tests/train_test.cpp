@@ -1,0 +1,116 @@
+// End to end with the real binaries: prep -> trainer -> generate, and CLI errors exiting 2.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "tests/testutil.h"
+
+namespace lm {
+namespace {
+
+using test::read_text;
+using test::run_bin;
+using test::TempDir;
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A bytes-tokenized dataset of a synthetic corpus, prepared once for the whole suite.
+class TrainE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    test::write_text(*dir_ / "corpus.txt", test::synthetic_corpus(3000));
+    auto r = run_bin("prep", {*dir_ / "corpus.txt", "--out", *dir_ / "data", "--tokenizer", "bytes",
+                              "--val-fraction", "0.05", "--quiet"});
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return *dir_ / "data"; }
+  static TempDir* dir_;
+};
+TempDir* TrainE2E::dir_ = nullptr;
+
+TEST_F(TrainE2E, TinyConfigLossDropsAndRunDirIsComplete) {
+  TempDir run;
+  auto r = run_bin("trainer", {test::source_path("configs/tiny.yaml"), "data.train=" + data(),
+                               "run.dir=" + run.path(), "train.max_steps=80", "log.every_steps=10",
+                               "eval.every_steps=40", "eval.batches=2", "train.threads=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto recs = read_jsonl(run / "metrics.jsonl");
+  std::vector<nlohmann::json> train, val;
+  for (auto& j : recs) (j["kind"] == "train" ? train : val).push_back(j);
+  ASSERT_EQ(train.size(), 8u);
+  ASSERT_EQ(val.size(), 2u);  // step 40 and the end
+  for (auto& j : train)
+    for (auto key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"})
+      EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(train.back()["step"], 80);
+  double first = train.front()["loss"], last = train.back()["loss"];
+  EXPECT_LT(last, first - 1.0) << "loss did not drop: " << first << " -> " << last;
+  EXPECT_LT(val.back()["val_loss"].get<double>(), val.front()["val_loss"].get<double>() + 0.05);
+  EXPECT_TRUE(std::ifstream(run / "config.yaml").good());
+  EXPECT_TRUE(std::ifstream(run / "model.safetensors").good());
+  EXPECT_TRUE(std::ifstream(run / "logs/rank_0.log").good());
+  EXPECT_NE(r.out.find("resolved config"), std::string::npos);
+
+  // The trained model generates text from the run directory alone (+ its data for the tokenizer).
+  auto g = run_bin("generate", {"--run", run.path(), "--prompt", "and the", "--tokens", "40", "--seed", "3"});
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_EQ(g.out.rfind("and the", 0), 0u) << g.out;
+  EXPECT_GT(g.out.size(), 30u);
+  auto g2 = run_bin("generate", {"--run", run.path(), "--prompt", "and the", "--tokens", "40", "--seed", "3"});
+  EXPECT_EQ(g.out, g2.out);  // seeded
+}
+
+TEST_F(TrainE2E, SameSeedSameLosses) {
+  TempDir a, b;
+  std::vector<std::string> common = {test::source_path("configs/tiny.yaml"), "data.train=" + data(),
+                                     "train.max_steps=6", "log.every_steps=1", "eval.batches=0",
+                                     "model.dropout=0.1", "train.grad_accum=2"};
+  auto ra = common, rb = common;
+  ra.push_back("run.dir=" + a.path());
+  rb.push_back("run.dir=" + b.path());
+  ASSERT_EQ(run_bin("trainer", ra).exit_code, 0);
+  ASSERT_EQ(run_bin("trainer", rb).exit_code, 0);
+  auto ma = read_jsonl(a / "metrics.jsonl"), mb = read_jsonl(b / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), 6u);
+  for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]);
+  EXPECT_EQ(read_text(a / "model.safetensors"), read_text(b / "model.safetensors"));
+}
+
+// One line on stderr, exit code 2, for every kind of bad input.
+void expect_bad_input(const test::RunResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+TEST_F(TrainE2E, CliErrorsExit2WithOneLine) {
+  TempDir run;
+  const std::string tiny = test::source_path("configs/tiny.yaml");
+  const std::string rd = "run.dir=" + run.path();
+  expect_bad_input(run_bin("trainer", {}), "missing CONFIG.yaml");
+  expect_bad_input(run_bin("trainer", {"/nonexistent.yaml"}), "/nonexistent.yaml: cannot open config file");
+  expect_bad_input(run_bin("trainer", {tiny, "optim.lrr=1", rd}), "did you mean 'optim.lr'");
+  expect_bad_input(run_bin("trainer", {tiny, "train.max_steps=-3", rd}), "key 'train.max_steps'");
+  expect_bad_input(run_bin("trainer", {tiny, "stray", rd}), "'stray' is not a dotted.key=value");
+  expect_bad_input(run_bin("trainer", {tiny, "data.train=" + run.path() + "/none", rd}), "manifest.json");
+  test::write_text(run / "bad.yaml", "model:\n  n_layer: two\n");
+  expect_bad_input(run_bin("trainer", {run / "bad.yaml", rd}), "bad.yaml:2: key 'model.n_layer'");
+  expect_bad_input(run_bin("trainer", {tiny, "model.vocab_size=10", "data.train=" + data(), rd}),
+                   "key 'model.vocab_size'");
+  expect_bad_input(run_bin("generate", {}), "--run");
+  expect_bad_input(run_bin("generate", {"--run", run.path() + "/missing"}), "cannot open config file");
+  EXPECT_EQ(run_bin("trainer", {"--help"}).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace lm

@@ -1,0 +1,46 @@
+// The ONE place for LibTorch version differences (Debian's 1.13 CPU build in CI, pip's 2.x with
+// CUDA on the GPU machine). Everything else calls these wrappers.
+#pragma once
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <cmath>
+
+#define LM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace lm::compat {
+
+// "1.13.0" etc.
+inline std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+constexpr bool kHasSdpa = LM_TORCH_AT_LEAST(2, 0);
+
+// Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd).
+// LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
+// 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v, with the scale folded into q and a
+// cached mask. dropout_p applies to the attention weights.
+inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v, double dropout_p, bool train) {
+#if LM_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, train ? dropout_p : 0.0,
+                                          /*is_causal=*/true);
+#else
+  const int64_t T = q.size(-2);
+  thread_local torch::Tensor mask;  // (T, T) true above the diagonal
+  if (!mask.defined() || mask.size(0) < T || mask.device() != q.device())
+    mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  auto m = mask.size(0) == T ? mask : mask.slice(0, 0, T).slice(1, 0, T);
+  auto att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(q.size(-1)))), k.transpose(-2, -1));
+  att.masked_fill_(m, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att, -1);
+  if (train && dropout_p > 0) att = torch::dropout(att, dropout_p, true);
+  return torch::matmul(att, v);
+#endif
+}
+
+}  // namespace lm::compat

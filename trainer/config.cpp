@@ -1,0 +1,363 @@
+// YAML file + overrides -> ExperimentConfig (see config.h). The schema below is the single list of
+// every public config key, its type, its range and its one-line meaning.
+#include "trainer/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+#include "trainer/errors.h"
+
+namespace lm {
+namespace {
+
+// Where a value came from, for error messages: "configs/x.yaml:12" or "override 'a.b=c'".
+using Where = std::string;
+
+struct Field {
+  std::string key;
+  std::string doc;
+  // Parses a scalar (or sequence) node into the bound member; throws std::string on bad value.
+  std::function<void(const YAML::Node&)> set;
+  // The current value as YAML text.
+  std::function<std::string()> get;
+};
+
+[[noreturn]] void bad(const std::string& msg) { throw msg; }
+
+std::string scalar_of(const YAML::Node& n) {
+  if (n.IsNull()) bad("missing value");
+  if (!n.IsScalar()) bad("expected a single value, got a " + std::string(n.IsMap() ? "map" : "list"));
+  return n.Scalar();
+}
+
+int64_t parse_int(const YAML::Node& n) {
+  std::string s = scalar_of(n);
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) {
+    // Accept integral floats written as 1e3.
+    double d = std::strtod(s.c_str(), &end);
+    if (!s.empty() && *end == '\0' && std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)
+      return static_cast<int64_t>(d);
+    bad("expected an integer, got '" + s + "'");
+  }
+  return v;
+}
+
+double parse_double(const YAML::Node& n) {
+  std::string s = scalar_of(n);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v)) bad("expected a number, got '" + s + "'");
+  return v;
+}
+
+bool parse_bool(const YAML::Node& n) {
+  std::string s = scalar_of(n);
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  if (l == "true" || l == "yes" || l == "on" || l == "1") return true;
+  if (l == "false" || l == "no" || l == "off" || l == "0") return false;
+  bad("expected true or false, got '" + s + "'");
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream ss;
+  ss.precision(17);
+  ss << v;
+  // Shortest text that reads back as the same double.
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream t;
+    t.precision(p);
+    t << v;
+    if (std::strtod(t.str().c_str(), nullptr) == v) return t.str();
+  }
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  YAML::Emitter e;
+  e << s;
+  return e.c_str();
+}
+
+class Schema {
+ public:
+  void integer(const std::string& key, int64_t* p, const std::string& doc, int64_t lo,
+               int64_t hi = std::numeric_limits<int64_t>::max()) {
+    add(key, doc, [=](const YAML::Node& n) {
+      int64_t v = parse_int(n);
+      if (v < lo || v > hi)
+        bad("must be " + (hi == std::numeric_limits<int64_t>::max()
+                              ? ">= " + std::to_string(lo)
+                              : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") +
+            ", got " + std::to_string(v));
+      *p = v;
+    }, [=] { return std::to_string(*p); });
+  }
+  // lo_open: value must be > lo (else >= lo).
+  void number(const std::string& key, double* p, const std::string& doc, double lo, bool lo_open,
+              double hi = std::numeric_limits<double>::infinity(), bool hi_open = false) {
+    add(key, doc, [=](const YAML::Node& n) {
+      double v = parse_double(n);
+      bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+      if (!ok) {
+        std::string r = std::string(lo_open ? "(" : "[") + fmt_double(lo) + ", " +
+                        (std::isinf(hi) ? "inf)" : fmt_double(hi) + (hi_open ? ")" : "]"));
+        bad("must be in " + r + ", got " + fmt_double(v));
+      }
+      *p = v;
+    }, [=] { return fmt_double(*p); });
+  }
+  void boolean(const std::string& key, bool* p, const std::string& doc) {
+    add(key, doc, [=](const YAML::Node& n) { *p = parse_bool(n); },
+        [=] { return std::string(*p ? "true" : "false"); });
+  }
+  void text(const std::string& key, std::string* p, const std::string& doc) {
+    add(key, doc, [=](const YAML::Node& n) { *p = n.IsNull() ? "" : scalar_of(n); },
+        [=] { return quote(*p); });
+  }
+  void choice(const std::string& key, std::string* p, const std::string& doc,
+              std::vector<std::string> allowed) {
+    add(key, doc, [=](const YAML::Node& n) {
+      std::string v = scalar_of(n);
+      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+        std::string all;
+        for (auto& a : allowed) all += (all.empty() ? "" : "|") + a;
+        bad("must be one of " + all + ", got '" + v + "'");
+      }
+      *p = v;
+    }, [=] { return *p; });
+  }
+
+  const Field* find(const std::string& key) const {
+    for (auto& f : fields_)
+      if (f.key == key) return &f;
+    return nullptr;
+  }
+  const std::vector<Field>& fields() const { return fields_; }
+  bool is_section(const std::string& prefix) const {
+    for (auto& f : fields_)
+      if (f.key.rfind(prefix + ".", 0) == 0) return true;
+    return false;
+  }
+
+ private:
+  void add(const std::string& key, const std::string& doc, std::function<void(const YAML::Node&)> set,
+           std::function<std::string()> get) {
+    fields_.push_back({key, doc, std::move(set), std::move(get)});
+  }
+  std::vector<Field> fields_;
+};
+
+// THE list of config keys. Defaults live in the component Config structs.
+void describe(Schema& s, ExperimentConfig& c) {
+  s.text("run.dir", &c.run.dir, "run directory");
+  s.integer("run.seed", &c.run.seed, "seed for init, dropout and data order", 0);
+
+  s.text("data.train", &c.data.train, "prepared dataset directory (from prep)");
+  s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train");
+
+  s.choice("model.arch", &c.model.arch, "model architecture", {"gpt"});
+  s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);
+  s.integer("model.n_head", &c.model.n_head, "attention heads", 1, 1024);
+  s.integer("model.d_model", &c.model.d_model, "residual width", 1, 1 << 16);
+  s.integer("model.seq_len", &c.model.seq_len, "context length", 1, 1 << 20);
+  s.number("model.dropout", &c.model.dropout, "dropout probability", 0, false, 1, true);
+  s.integer("model.vocab_size", &c.model.vocab_size, "vocabulary; 0 = from data manifest", 0);
+  s.integer("model.vocab_multiple", &c.model.vocab_multiple, "pad vocabulary to a multiple", 1);
+  s.number("model.init_std", &c.model.init_std, "std of normal weight init", 0, true);
+
+  s.number("optim.lr", &c.optim.lr, "peak learning rate", 0, true);
+  s.number("optim.beta1", &c.optim.beta1, "AdamW beta1", 0, false, 1, true);
+  s.number("optim.beta2", &c.optim.beta2, "AdamW beta2", 0, false, 1, true);
+  s.number("optim.eps", &c.optim.eps, "AdamW epsilon", 0, true);
+  s.number("optim.weight_decay", &c.optim.weight_decay, "decoupled weight decay", 0, false);
+  s.number("optim.grad_clip", &c.optim.grad_clip, "max grad norm; 0 = off", 0, false);
+
+  s.choice("schedule.kind", &c.schedule.kind, "lr schedule after warmup",
+           {"cosine", "linear", "constant"});
+  s.integer("schedule.warmup_steps", &c.schedule.warmup_steps, "linear warmup steps", 0);
+  s.number("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, "final lr / peak lr", 0, false, 1);
+  s.integer("schedule.decay_steps", &c.schedule.decay_steps, "end of decay; 0 = train.max_steps", 0);
+
+  s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
+  s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch", 1);
+  s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per step", 1);
+  s.integer("train.threads", &c.train.threads, "CPU threads; 0 = default", 0, 1024);
+  s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
+
+  s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);
+
+  s.integer("eval.every_steps", &c.eval.every_steps, "validate every N steps; 0 = at end", 0);
+  s.integer("eval.batches", &c.eval.batches, "validation micro-batches; 0 = none", 0);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_key(const Schema& s, const std::string& key) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  if (key.find('.') == std::string::npos) {  // an unknown section: the closest section
+    for (auto& f : s.fields()) {
+      std::string sec = f.key.substr(0, f.key.find('.'));
+      size_t d = edit_distance(key, sec);
+      if (d < best_d) best_d = d, best = sec;
+    }
+    return best;
+  }
+  // Compare the whole key, and the leaf alone (so "optim.learning_rate" finds "optim.lr" less
+  // well than "train.lr" would find "optim.lr").
+  auto leaf = [](const std::string& k) { auto p = k.rfind('.'); return p == std::string::npos ? k : k.substr(p + 1); };
+  for (auto& f : s.fields()) {
+    size_t d = std::min(edit_distance(key, f.key), edit_distance(leaf(key), leaf(f.key)) + 1);
+    if (d < best_d) best_d = d, best = f.key;
+  }
+  return best;
+}
+
+[[noreturn]] void unknown_key(const Schema& s, const std::string& where, const std::string& key) {
+  throw ConfigError(where + ": unknown key '" + key + "' (did you mean '" + closest_key(s, key) + "'?)");
+}
+
+std::string file_where(const std::string& path, const YAML::Node& n) {
+  auto m = n.Mark();
+  return m.line >= 0 ? path + ":" + std::to_string(m.line + 1) : path;
+}
+
+void apply(const Schema& s, const std::string& where, const std::string& key, const YAML::Node& n) {
+  const Field* f = s.find(key);
+  if (!f) unknown_key(s, where, key);
+  try {
+    f->set(n);
+  } catch (const std::string& msg) {
+    throw ConfigError(where + ": key '" + key + "': " + msg);
+  }
+}
+
+// Walks a YAML map, applying leaves as dotted keys.
+void walk(const Schema& s, const std::string& path, const std::string& prefix, const YAML::Node& node) {
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    std::string name = it->first.as<std::string>();
+    std::string key = prefix.empty() ? name : prefix + "." + name;
+    const YAML::Node& v = it->second;
+    if (v.IsMap()) {
+      if (s.find(key)) apply(s, file_where(path, it->first), key, v);  // gives "expected a single value"
+      if (!s.is_section(key)) unknown_key(s, file_where(path, it->first), key);
+      walk(s, path, key, v);
+    } else {
+      if (!s.find(key) && s.is_section(key))
+        throw ConfigError(file_where(path, it->first) + ": key '" + key + "' is a section; expected a map of keys under it");
+      apply(s, file_where(path, v.IsNull() ? it->first : v), key, v);
+    }
+  }
+}
+
+void validate(const ExperimentConfig& c) {
+  if (c.model.d_model % c.model.n_head != 0)
+    throw ConfigError("key 'model.d_model': " + std::to_string(c.model.d_model) +
+                      " is not divisible by model.n_head=" + std::to_string(c.model.n_head));
+  if (c.run.dir.empty()) throw ConfigError("key 'run.dir': must not be empty");
+}
+
+}  // namespace
+
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  ExperimentConfig cfg;
+  Schema s;
+  describe(s, cfg);
+  if (!path.empty()) {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+      throw ConfigError(path + ": cannot open config file");
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+    }
+    if (root.IsNull()) {
+      // empty file: defaults
+    } else if (!root.IsMap()) {
+      throw ConfigError(file_where(path, root) + ": expected a map of sections at the top level");
+    } else {
+      walk(s, path, "", root);
+    }
+  }
+  for (const auto& ov : overrides) {
+    auto eq = ov.find('=');
+    std::string where = "override '" + ov + "'";
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(where + ": expected dotted.key=value");
+    std::string key = ov.substr(0, eq), text = ov.substr(eq + 1);
+    // Every key holds one value: the override's text is that value, verbatim (so "a: b" is a
+    // string, not a map); an empty value is missing.
+    apply(s, where, key, text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(text));
+  }
+  validate(cfg);
+  return cfg;
+}
+
+std::string to_yaml(const ExperimentConfig& cfg_in) {
+  ExperimentConfig cfg = cfg_in;
+  Schema s;
+  describe(s, cfg);
+  std::ostringstream out;
+  std::string section;
+  for (auto& f : s.fields()) {
+    auto dot = f.key.find('.');
+    std::string sec = f.key.substr(0, dot), leaf = f.key.substr(dot + 1);
+    if (sec != section) {
+      out << sec << ":\n";
+      section = sec;
+    }
+    out << "  " << leaf << ": " << f.get() << "\n";
+  }
+  return out.str();
+}
+
+std::string to_table(const ExperimentConfig& cfg_in) {
+  ExperimentConfig cfg = cfg_in, def;
+  Schema s, d;
+  describe(s, cfg);
+  describe(d, def);
+  size_t w = 0;
+  for (auto& f : s.fields()) w = std::max(w, f.key.size());
+  std::ostringstream out;
+  for (size_t i = 0; i < s.fields().size(); ++i) {
+    auto& f = s.fields()[i];
+    std::string v = f.get();
+    bool changed = v != d.fields()[i].get();
+    out << "  " << f.key << std::string(w - f.key.size() + 2, ' ') << (changed ? "* " : "  ") << v << "\n";
+  }
+  return out.str();
+}
+
+std::vector<std::string> config_keys() {
+  ExperimentConfig cfg;
+  Schema s;
+  describe(s, cfg);
+  std::vector<std::string> keys;
+  for (auto& f : s.fields()) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace lm

@@ -1,0 +1,40 @@
+// The experiment config: every component's Config composed under its YAML section, and the one
+// place that turns YAML files and "dotted.key=value" overrides into these structs.
+//
+// Precedence: command-line overrides > YAML file > defaults. Strict: an unknown key is rejected
+// naming the closest valid key; a wrong type or out-of-range value names the key (and FILE:LINE
+// when it came from the file); a YAML syntax error names the line. All throw ConfigError.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "data/data_config.h"
+#include "models/model_config.h"
+#include "trainer/optim_config.h"
+#include "trainer/train_config.h"
+
+namespace lm {
+
+struct ExperimentConfig {
+  RunConfig run;
+  DataConfig data;
+  ModelConfig model;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  LogConfig log;
+  EvalConfig eval;
+};
+
+// Loads `path` (empty = defaults only), applies `overrides` in order, validates.
+ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved config as YAML; load_config() of it gives the same config back.
+std::string to_yaml(const ExperimentConfig& cfg);
+// A "key  value" table, one row per key; values that differ from the default are marked '*'.
+std::string to_table(const ExperimentConfig& cfg);
+// Every valid dotted key, in schema order.
+std::vector<std::string> config_keys();
+
+}  // namespace lm

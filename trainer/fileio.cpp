@@ -1,0 +1,124 @@
+// Atomic file writes and xxh64 checksums (see fileio.h).
+#include "trainer/fileio.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "trainer/errors.h"
+
+namespace lm::fs {
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string parent_dir(const std::string& path) {
+  auto p = std::filesystem::path(path).parent_path().string();
+  return p.empty() ? "." : p;
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot open for reading (" + errno_text() + ")");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw DataError(path + ": read failed");
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  AtomicFile f(path);
+  f.write(bytes);
+  f.commit();
+}
+
+AtomicFile::AtomicFile(const std::string& path)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (!f_) throw Error(tmp_ + ": cannot create (" + errno_text() + ")");
+}
+
+AtomicFile::~AtomicFile() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (n == 0) return;
+  if (std::fwrite(data, 1, n, f_) != n) throw Error(tmp_ + ": write failed (" + errno_text() + ")");
+  written_ += n;
+}
+
+void AtomicFile::commit() {
+  if (!f_) throw Error(path_ + ": commit called twice");
+  if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0)
+    throw Error(tmp_ + ": flush/fsync failed (" + errno_text() + ")");
+  std::fclose(f_);
+  f_ = nullptr;
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    std::string err = errno_text();
+    std::remove(tmp_.c_str());
+    throw Error(path_ + ": rename from temp failed (" + err + ")");
+  }
+  fsync_dir(parent_dir(path_));
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: some file systems do not allow it
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void make_dirs(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create directory (" + ec.message() + ")");
+}
+
+void remove_all(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+uint64_t xxh64(const void* data, size_t n, uint64_t seed) { return XXH64(data, n, seed); }
+
+uint64_t xxh64_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw DataError(path + ": cannot open for reading (" + errno_text() + ")");
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  std::string buf(1 << 20, '\0');
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) XXH64_update(st, buf.data(), n);
+  bool bad = std::ferror(f);
+  std::fclose(f);
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  if (bad) throw DataError(path + ": read failed");
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace lm::fs

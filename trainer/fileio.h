@@ -1,0 +1,54 @@
+// Files we write and read: temp-then-rename atomic writes with fsync, xxh64 checksums.
+//
+// Contract: a file written through AtomicFile or write_file_atomic() either has its complete new
+// content under its final name, or the final name is untouched (a crash leaves at most a
+// "*.tmp.<pid>" file behind). Errors throw lm::Error (exit 1) naming the path, except reads of
+// missing or unreadable input, which throw DataError (exit 2).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace lm::fs {
+
+// Whole file as bytes. Throws DataError naming the path when it cannot be read.
+std::string read_file(const std::string& path);
+// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename, fsync dir).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Streaming atomic writer. Destroying it without commit() removes the temp file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n);
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  uint64_t bytes_written() const { return written_; }
+  // fsync, rename to the final name, fsync the directory.
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+  uint64_t written_ = 0;
+};
+
+// fsync a directory so a rename inside it is durable.
+void fsync_dir(const std::string& dir);
+// mkdir -p. Throws lm::Error on failure.
+void make_dirs(const std::string& dir);
+// rm -rf; no error when missing.
+void remove_all(const std::string& path);
+bool exists(const std::string& path);
+
+// xxh64 of a buffer / of a file's bytes (streamed). Seed 0.
+uint64_t xxh64(const void* data, size_t n, uint64_t seed = 0);
+uint64_t xxh64_file(const std::string& path);
+// 16 lowercase hex digits.
+std::string hex64(uint64_t v);
+
+}  // namespace lm::fs

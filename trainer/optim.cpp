@@ -1,0 +1,103 @@
+// Flat parameters, gradient clipping, AdamW, LR schedule (see optim.h).
+#include "trainer/optim.h"
+
+#include <cmath>
+
+namespace lm {
+
+FlatParams::FlatParams(torch::nn::Module& module) {
+  // Parameters owned by Embedding modules are not decayed.
+  std::set<const void*> embedding_params;
+  for (auto& m : module.named_modules()) {
+    if (m.value()->as<torch::nn::Embedding>())
+      for (auto& p : m.value()->parameters(false)) embedding_params.insert(p.unsafeGetTensorImpl());
+  }
+  auto named = module.named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> decay, rest;
+  for (auto& p : named) {
+    bool d = p.value().dim() >= 2 && !embedding_params.count(p.value().unsafeGetTensorImpl());
+    (d ? decay : rest).emplace_back(p.key(), p.value());
+  }
+  int64_t total = 0;
+  for (auto* group : {&decay, &rest})
+    for (auto& [name, t] : *group) {
+      entries_.push_back({name, total, t.numel(), group == &decay});
+      total += t.numel();
+      if (group == &decay) decay_numel_ = total;
+    }
+  auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
+  params_ = torch::empty({total}, opts.requires_grad(false));
+  grads_ = torch::zeros({total}, opts.requires_grad(false));
+  torch::NoGradGuard ng;
+  size_t i = 0;
+  for (auto* group : {&decay, &rest})
+    for (auto& [name, t] : *group) {
+      const auto& e = entries_[i++];
+      auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
+      pv.copy_(t);
+      t.set_data(pv);
+      t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
+    }
+}
+
+torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
+  auto norm = flat.grads().norm();
+  if (max_norm > 0) {
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    flat.grads().mul_(coef);
+  }
+  return norm;
+}
+
+AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) {
+  m_ = torch::zeros_like(flat.params());
+  v_ = torch::zeros_like(flat.params());
+}
+
+void AdamW::step(double lr) {
+  ++t_;
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps, wd = cfg_.weight_decay;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t_));
+  const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  const int64_t n = flat_.numel(), n_decay = flat_.decay_numel();
+  auto& p = flat_.params();
+  auto& g = flat_.grads();
+  if (p.is_cpu() && p.scalar_type() == torch::kFloat) {
+    float* pp = p.data_ptr<float>();
+    const float* gp = g.data_ptr<float>();
+    float* mp = m_.data_ptr<float>();
+    float* vp = v_.data_ptr<float>();
+    const float fb1 = b1, fb2 = b2, omb1 = 1 - b1, omb2 = 1 - b2, feps = eps, fss = step_size,
+                finv_bc2 = 1.0 / bc2_sqrt, fdecay = 1.0 - lr * wd;
+    at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float pi = i < n_decay ? pp[i] * fdecay : pp[i];
+        float mi = fb1 * mp[i] + omb1 * gp[i];
+        float vi = fb2 * vp[i] + omb2 * gp[i] * gp[i];
+        mp[i] = mi;
+        vp[i] = vi;
+        pp[i] = pi - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
+      }
+    });
+    return;
+  }
+  torch::NoGradGuard ng;
+  if (wd > 0 && n_decay > 0) p.narrow(0, 0, n_decay).mul_(1.0 - lr * wd);
+  m_.mul_(b1).add_(g, 1 - b1);
+  v_.mul_(b2).addcmul_(g, g, 1 - b2);
+  p.addcdiv_(m_, (v_.sqrt() / bc2_sqrt).add_(eps), -step_size);
+}
+
+double lr_at(const ScheduleConfig& s, double peak_lr, int64_t max_steps, int64_t step) {
+  if (step < s.warmup_steps) return peak_lr * static_cast<double>(step + 1) / s.warmup_steps;
+  if (s.kind == "constant") return peak_lr;
+  const int64_t end = s.decay_steps > 0 ? s.decay_steps : max_steps;
+  const double min_lr = peak_lr * s.min_lr_ratio;
+  if (step >= end || end <= s.warmup_steps) return min_lr;
+  double frac = static_cast<double>(step - s.warmup_steps) / static_cast<double>(end - s.warmup_steps);
+  double k = s.kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * frac)) : 1.0 - frac;
+  return min_lr + (peak_lr - min_lr) * k;
+}
+
+}  // namespace lm

@@ -1,0 +1,31 @@
+// safetensors files (https://github.com/huggingface/safetensors): 8-byte little-endian header
+// length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}} padded with
+// spaces to a multiple of 8, then the raw little-endian tensor bytes in header order.
+//
+// Deterministic: tensors are written sorted by name, the header has no timestamps, so identical
+// state gives a byte-identical file. Written atomically (temp, fsync, rename).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lm {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Tensors on CPU, sorted by name. Throws CheckpointError naming the file when it is malformed.
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+// Copies `tensors` into the module's parameters and buffers by name. Throws CheckpointError naming
+// the first missing, unexpected or mis-shaped tensor.
+void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what);
+// The module's parameters and buffers as (name, tensor) pairs.
+NamedTensors module_tensors(const torch::nn::Module& m);
+
+}  // namespace lm

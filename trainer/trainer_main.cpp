@@ -1,0 +1,7 @@
+// build/bin/trainer CONFIG.yaml [dotted.key=value ...]
+#include "trainer/errors.h"
+#include "trainer/cli.h"
+
+int main(int argc, char** argv) {
+  return lm::run_main("trainer", [&] { return lm::trainer_cli(argc, argv); });
+}
