@@ -20,6 +20,14 @@ inline std::string torch_version() {
 
 constexpr bool kHasSdpa = LM_TORCH_AT_LEAST(2, 0);
 
+// c10::Allocator gained a pure virtual copy_data() in LibTorch 2.3.
+#if LM_TORCH_AT_LEAST(2, 3)
+#define LM_ALLOCATOR_COPY_DATA \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#else
+#define LM_ALLOCATOR_COPY_DATA
+#endif
+
 // Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd).
 // LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
 // 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v, with the scale folded into q and a

@@ -193,7 +193,7 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
   s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch", 1);
   s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per step", 1);
-  s.integer("train.threads", &c.train.threads, "CPU threads; 0 = default", 0, 1024);
+  s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = its default", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
 
   s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);

@@ -17,6 +17,7 @@
 #include "trainer/cli.h"
 #include "trainer/errors.h"
 #include "trainer/fileio.h"
+#include "trainer/host_allocator.h"
 #include "trainer/log.h"
 #include "trainer/optim.h"
 #include "trainer/safetensors.h"
@@ -88,6 +89,10 @@ class Trainer {
     log::info("resolved config (* = not the default):\n" + to_table(cfg));
     fs::write_file_atomic(run_dir + "/config.yaml", to_yaml(cfg));
 
+    install_caching_host_allocator();
+    // 0 keeps LibTorch's default. Debian's LibTorch uses one intra-op thread and lets OpenBLAS
+    // thread the matmuls itself: measured fastest on 2 cores (torch and BLAS both threaded spin
+    // against each other and run ~2x slower).
     if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
     torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
     vocab_ = padded_vocab(cfg.model, data_vocab);

@@ -16,7 +16,7 @@ struct TrainConfig {
   int64_t max_steps = 1000;       // optimizer steps
   int64_t micro_batch_size = 8;   // sequences per forward/backward
   int64_t grad_accum = 1;         // micro-batches per optimizer step
-  int64_t threads = 0;            // intra-op CPU threads; 0 = LibTorch's default
+  int64_t threads = 0;            // LibTorch intra-op threads; 0 = LibTorch's default
   std::string device = "auto";    // auto | cpu | cuda
 };
 
