@@ -118,6 +118,23 @@ class Schema {
       *p = v;
     }, [=] { return fmt_double(*p); });
   }
+  // An integer >= lo, or the word "auto" (stored as -1).
+  void integer_or_auto(const std::string& key, int64_t* p, const std::string& doc, int64_t lo) {
+    add(key, doc, [=](const YAML::Node& n) {
+      if (n.IsScalar() && n.Scalar() == "auto") {
+        *p = -1;
+        return;
+      }
+      int64_t v;
+      try {
+        v = parse_int(n);
+      } catch (const std::string&) {
+        bad("expected an integer or auto, got '" + scalar_of(n) + "'");
+      }
+      if (v < lo) bad("must be >= " + std::to_string(lo) + " or auto, got " + std::to_string(v));
+      *p = v;
+    }, [=] { return *p == -1 ? std::string("auto") : std::to_string(*p); });
+  }
   void boolean(const std::string& key, bool* p, const std::string& doc) {
     add(key, doc, [=](const YAML::Node& n) { *p = parse_bool(n); },
         [=] { return std::string(*p ? "true" : "false"); });
@@ -166,6 +183,16 @@ void describe(Schema& s, ExperimentConfig& c) {
 
   s.text("data.train", &c.data.train, "prepared dataset directory (from prep)");
   s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train");
+  s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", {"packed", "bucketed"});
+  s.integer("data.workers", &c.data.workers, "loader threads building batches", 1, 256);
+  s.integer("data.prefetch", &c.data.prefetch, "batches built ahead (queue depth)", 1, 1024);
+  s.boolean("data.shuffle", &c.data.shuffle, "shuffle shard order and samples");
+  s.integer("data.shuffle_buffer", &c.data.shuffle_buffer, "samples per shuffle/bucketing block", 1, 1 << 30);
+  s.choice("data.long_docs", &c.data.long_docs, "bucketed: documents over seq_len+1 tokens",
+           {"truncate", "split"});
+  s.integer("data.pad_multiple", &c.data.pad_multiple, "bucketed: pad length to a multiple of this", 1, 1 << 20);
+  s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", 0);
+  s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", {"lazy", "full"});
 
   s.choice("model.arch", &c.model.arch, "model architecture", {"gpt"});
   s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);
@@ -195,6 +222,18 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per step", 1);
   s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = its default", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
+
+  s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights per step; 0 = off", 0, false, 1, true);
+
+  s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = at the end; auto", 0);
+  s.number("checkpoint.mtbf_hours", &c.checkpoint.mtbf_hours, "MTBF for every_steps: auto", 0, true);
+  s.integer("checkpoint.keep_last", &c.checkpoint.keep_last, "newest checkpoints kept; 0 = all", 0);
+  s.integer("checkpoint.keep_every", &c.checkpoint.keep_every, "milestone steps never deleted; 0 = none", 0);
+  s.text("checkpoint.resume", &c.checkpoint.resume, "auto | none | checkpoint directory");
+  s.boolean("checkpoint.force", &c.checkpoint.force, "resume despite architecture/data mismatch");
+  s.boolean("checkpoint.async", &c.checkpoint.async, "write checkpoints in the background");
+  s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save", {"stop", "continue"});
+  s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "wait for other ranks' files", 0, true);
 
   s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);
 
@@ -277,6 +316,7 @@ void validate(const ExperimentConfig& c) {
     throw ConfigError("key 'model.d_model': " + std::to_string(c.model.d_model) +
                       " is not divisible by model.n_head=" + std::to_string(c.model.n_head));
   if (c.run.dir.empty()) throw ConfigError("key 'run.dir': must not be empty");
+  if (c.checkpoint.resume.empty()) throw ConfigError("key 'checkpoint.resume': must be auto, none or a directory");
 }
 
 }  // namespace

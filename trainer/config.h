@@ -11,6 +11,7 @@
 
 #include "data/data_config.h"
 #include "models/model_config.h"
+#include "trainer/checkpoint_config.h"
 #include "trainer/optim_config.h"
 #include "trainer/train_config.h"
 
@@ -25,6 +26,7 @@ struct ExperimentConfig {
   TrainConfig train;
   LogConfig log;
   EvalConfig eval;
+  CheckpointConfig checkpoint;
 };
 
 // Loads `path` (empty = defaults only), applies `overrides` in order, validates.

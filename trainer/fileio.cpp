@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH64_state_t on the stack
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -72,6 +74,39 @@ void AtomicFile::commit() {
     throw Error(path_ + ": rename from temp failed (" + err + ")");
   }
   fsync_dir(parent_dir(path_));
+}
+
+uint64_t FilePlan::size() const {
+  uint64_t n = head.size();
+  for (const auto& s : spans) n += s.size;
+  return n;
+}
+
+std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out) {
+  const std::string path = dir + "/" + plan.name;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return path + ": cannot create (" + errno_text() + ")";
+  XXH64_state_t st;
+  XXH64_reset(&st, 0);
+  auto put = [&](const void* data, size_t n) -> bool {
+    XXH64_update(&st, data, n);
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 26));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  };
+  bool ok = put(plan.head.data(), plan.head.size());
+  for (size_t i = 0; ok && i < plan.spans.size(); ++i) ok = put(plan.spans[i].data, plan.spans[i].size);
+  ok = ok && ::fsync(fd) == 0;
+  std::string err = ok ? "" : path + ": write failed (" + errno_text() + ")";
+  if (::close(fd) != 0 && ok) err = path + ": close failed (" + errno_text() + ")";
+  if (err.empty() && out) *out = {plan.name, plan.size(), XXH64_digest(&st)};
+  return err;
 }
 
 void fsync_dir(const std::string& dir) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace lm::fs {
 
@@ -36,6 +37,28 @@ class AtomicFile {
   std::FILE* f_ = nullptr;
   uint64_t written_ = 0;
 };
+
+// A file described as a head string followed by byte spans (e.g. a safetensors header and tensor
+// data). write_plan() writes it without throwing or allocating per span, so it is also safe in a
+// forked child (the async checkpoint writer).
+struct Span {
+  const void* data;
+  size_t size;
+};
+struct FilePlan {
+  std::string name;  // file name inside the target directory
+  std::string head;
+  std::vector<Span> spans;
+  uint64_t size() const;
+};
+struct WrittenFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+// Writes dir/plan.name (plain create + write + fsync; the caller makes the directory atomic).
+// Returns "" on success, else an error message naming the file.
+std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out);
 
 // fsync a directory so a rename inside it is durable.
 void fsync_dir(const std::string& dir);

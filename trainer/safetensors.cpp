@@ -28,30 +28,39 @@ std::string dtype_name(torch::ScalarType t) {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors_in,
-                      const std::map<std::string, std::string>& metadata) {
+SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors_in,
+                                 const std::map<std::string, std::string>& metadata) {
   NamedTensors tensors = tensors_in;
   std::sort(tensors.begin(), tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  SafetensorsPlan out;
+  out.plan.name = name;
   uint64_t off = 0;
-  std::vector<torch::Tensor> cpu;
-  for (auto& [name, t] : tensors) {
+  for (auto& [tname, t] : tensors) {
     auto c = t.detach().to(torch::kCPU).contiguous();
     uint64_t nbytes = c.numel() * c.element_size();
-    header[name] = {{"dtype", dtype_name(c.scalar_type())},
-                    {"shape", c.sizes().vec()},
-                    {"data_offsets", {off, off + nbytes}}};
+    header[tname] = {{"dtype", dtype_name(c.scalar_type())},
+                     {"shape", c.sizes().vec()},
+                     {"data_offsets", {off, off + nbytes}}};
     off += nbytes;
-    cpu.push_back(c);
+    out.plan.spans.push_back({c.data_ptr(), nbytes});
+    out.keep.push_back(c);
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
   uint64_t hlen = h.size();
+  out.plan.head.assign(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
+  out.plan.head += h;
+  return out;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  auto sp = plan_safetensors("", tensors, metadata);
   fs::AtomicFile f(path);
-  f.write(&hlen, 8);  // little-endian host
-  f.write(h);
-  for (auto& c : cpu) f.write(c.data_ptr(), c.numel() * c.element_size());
+  f.write(sp.plan.head);
+  for (auto& span : sp.plan.spans) f.write(span.data, span.size);
   f.commit();
 }
 

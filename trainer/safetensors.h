@@ -13,9 +13,21 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/fileio.h"
+
 namespace lm {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// The file as a write plan (head = length + JSON header, spans = tensor bytes), for writers that
+// stream it themselves (checkpoints). `keep` holds the CPU-contiguous tensors the spans point into:
+// views of the originals when those already are (no copy), so the spans see later in-place updates.
+struct SafetensorsPlan {
+  fs::FilePlan plan;
+  std::vector<torch::Tensor> keep;
+};
+SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors,
+                                 const std::map<std::string, std::string>& metadata = {});
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});

@@ -18,6 +18,7 @@ struct TrainConfig {
   int64_t grad_accum = 1;         // micro-batches per optimizer step
   int64_t threads = 0;            // LibTorch intra-op threads; 0 = LibTorch's default
   std::string device = "auto";    // auto | cpu | cuda
+  double ema_decay = 0.0;         // EMA of the weights, updated every step; 0 = off
 };
 
 struct LogConfig {

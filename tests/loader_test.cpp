@@ -1,0 +1,549 @@
+// The streaming loader on tiny synthetic shards: exact packed windows and per-epoch coverage across
+// ranks, determinism over worker counts and prefetch depths, exact resume at every batch boundary,
+// world-size changes, rank balance on uneven shards, bucketing (padding, budget, split/truncate),
+// corrupt and missing data, and prompt shutdown.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "data/loader.h"
+#include "data/manifest.h"
+#include "data/shard.h"
+#include "tests/testutil.h"
+#include "trainer/errors.h"
+#include "trainer/fileio.h"
+
+namespace lm::data {
+namespace {
+
+using Docs = std::vector<std::vector<uint32_t>>;
+using test::TempDir;
+
+// A dataset of "train" shards plus one "val" shard. EOS = vocab-2, PAD = vocab-1.
+Manifest make_dataset(const std::string& dir, const std::vector<Docs>& shards, uint64_t vocab = 258) {
+  Manifest m;
+  m.dtype = dtype_for_vocab(vocab) == TokenDtype::kU16 ? "uint16" : "uint32";
+  m.tokenizer = {"bytes", vocab, static_cast<uint32_t>(vocab - 2), static_cast<uint32_t>(vocab - 1), "",
+                 fs::hex64(fs::xxh64("bytes", 5))};
+  std::vector<std::pair<std::string, Docs>> all;
+  for (const auto& d : shards) all.emplace_back("train", d);
+  all.emplace_back("val", Docs{{1, 2, 3}});
+  for (size_t i = 0; i < all.size(); ++i) {
+    ShardInfo s{all[i].first + "_" + std::to_string(i) + ".bin", all[i].first, 0, all[i].second.size(), ""};
+    ShardWriter w(dir + "/" + s.file, dtype_for_vocab(vocab));
+    for (const auto& d : all[i].second) w.add_document(d.data(), d.size()), s.tokens += d.size();
+    s.xxh64 = fs::hex64(w.finish());
+    m.shards.push_back(s);
+  }
+  m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
+  fs::write_file_atomic(dir + "/manifest.json", m.to_json());
+  m.dir = dir;
+  return m;
+}
+
+// Random documents of lengths in [lo, hi]; with `unique`, every token id in the dataset differs.
+std::vector<Docs> random_shards(const std::vector<int>& docs_per_shard, int lo, int hi, unsigned seed, bool unique = false) {
+  std::mt19937 g(seed);
+  uint32_t next = 10;
+  std::vector<Docs> out;
+  for (int n : docs_per_shard) {
+    Docs docs;
+    for (int d = 0; d < n; ++d) {
+      std::vector<uint32_t> doc(std::uniform_int_distribution<int>(lo, hi)(g));
+      for (auto& t : doc) t = unique ? next++ : std::uniform_int_distribution<uint32_t>(0, 255)(g);
+      docs.push_back(doc);
+    }
+    out.push_back(docs);
+  }
+  return out;
+}
+
+DataConfig config(const std::string& mode, int64_t workers = 2, int64_t prefetch = 4) {
+  DataConfig c;
+  c.mode = mode;
+  c.workers = workers;
+  c.prefetch = prefetch;
+  return c;
+}
+
+std::vector<Batch> take(Loader& l, size_t n) {
+  std::vector<Batch> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(l.next());
+  return out;
+}
+
+void expect_same(const Batch& a, const Batch& b, const std::string& what) {
+  EXPECT_EQ(a.index, b.index) << what;
+  EXPECT_EQ(a.epoch, b.epoch) << what;
+  EXPECT_EQ(a.rows, b.rows) << what;
+  EXPECT_EQ(a.cols, b.cols) << what;
+  EXPECT_EQ(a.hash, b.hash) << what;
+  EXPECT_TRUE(a.inputs == b.inputs) << what;
+  EXPECT_TRUE(a.targets == b.targets) << what;
+  EXPECT_TRUE(a.origins == b.origins) << what;
+}
+
+// The tokens of one row: inputs then the last target (unpadded).
+std::vector<int64_t> row_tokens(const Batch& b, int64_t r) {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < b.cols && b.targets[r * b.cols + t] != -1; ++t) out.push_back(b.inputs[r * b.cols + t]);
+  int64_t last = 0;
+  for (int64_t t = 0; t < b.cols && b.targets[r * b.cols + t] != -1; ++t) last = b.targets[r * b.cols + t];
+  out.push_back(last);
+  return out;
+}
+
+// One epoch's stream: documents in shard order, each followed by EOS.
+std::vector<int64_t> stream_of(const std::vector<Docs>& shards, uint32_t eos) {
+  std::vector<int64_t> s;
+  for (const auto& docs : shards)
+    for (const auto& d : docs) s.insert(s.end(), d.begin(), d.end()), s.push_back(eos);
+  return s;
+}
+
+template <class Fn>
+std::string data_error(Fn fn) {
+  try {
+    fn();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no DataError";
+  return "";
+}
+
+// ---- packed ------------------------------------------------------------------------------------
+
+TEST(LoaderPackedTest, WindowsAreExactAcrossShardsRanksAndEpochs) {
+  TempDir tmp;
+  auto shards = random_shards({5, 1, 7}, 0, 9, 3);
+  shards[1] = {{}, {7, 8}};
+  Manifest m = make_dataset(tmp.path(), shards);
+  const auto one = stream_of(shards, 256);
+  for (int64_t T : {1, 3, 7}) {
+    for (int W : {1, 2, 3}) {
+      DataConfig c = config("packed");
+      c.shuffle = false;
+      std::vector<std::unique_ptr<Loader>> ranks;
+      for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(c, m, "train", T, 2, r, W, 1));
+      const uint64_t N = (one.size() - 1) / T;
+      ASSERT_EQ(ranks[0]->samples_per_epoch(), static_cast<int64_t>(N));
+      for (uint64_t k = 0; k < 3 * N / (2 * W) + 2; ++k) {  // about three epochs, boundaries inside batches
+        for (int r = 0; r < W; ++r) {
+          Batch b = ranks[r]->next();
+          ASSERT_EQ(b.rows, 2);
+          ASSERT_EQ(b.cols, T);
+          EXPECT_EQ(b.epoch, static_cast<int64_t>(k * 2 * W / N));
+          EXPECT_EQ(b.target_tokens, 2 * T);
+          EXPECT_EQ(b.pad_tokens, 0);
+          for (int64_t row = 0; row < 2; ++row) {
+            const uint64_t i = (k * W + r) * 2 + row, j = i % N;  // global sample, sample in its epoch
+            const std::vector<int64_t> want(one.begin() + j * T, one.begin() + j * T + T + 1);
+            ASSERT_EQ(row_tokens(b, row), want) << "T=" << T << " W=" << W << " batch " << k << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// With shuffling and unique token ids: over one epoch, across all ranks, every window is a real
+// window of the stream and every token is a target exactly once (except the epoch's unused tail).
+TEST(LoaderPackedTest, EveryTokenIsATargetOncePerEpochAcrossRanks) {
+  TempDir tmp;
+  auto shards = random_shards({6, 3, 9, 4}, 1, 12, 5, /*unique=*/true);
+  Manifest m = make_dataset(tmp.path(), shards, 1 << 20);
+  const uint32_t eos = (1 << 20) - 2;
+  // Where each token sits: (shard, position in that shard's stream); shard streams.
+  std::vector<std::vector<int64_t>> streams;
+  std::map<int64_t, std::pair<size_t, size_t>> where;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    streams.push_back(stream_of({shards[s]}, eos));
+    for (size_t p = 0; p < streams[s].size(); ++p)
+      if (streams[s][p] != eos) where[streams[s][p]] = {s, p};
+  }
+  const int64_t T = 5;
+  size_t L = 0;
+  for (auto& s : streams) L += s.size();
+  for (int W : {1, 2, 3}) {
+    std::vector<std::unique_ptr<Loader>> ranks;
+    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(config("packed", 2), m, "train", T, 2, r, W, 9));
+    const uint64_t N = ranks[0]->samples_per_epoch(), G = 2 * W;
+    ASSERT_EQ(N, (L - 1) / T);
+    std::multiset<int64_t> targets;
+    size_t eos_targets = 0;
+    for (uint64_t k = 0; k * G < N; ++k)
+      for (int r = 0; r < W; ++r) {
+        Batch b = ranks[r]->next();
+        for (int64_t row = 0; row < 2; ++row) {
+          if (k * G + r * 2 + row >= N) continue;  // next epoch
+          auto w = row_tokens(b, row);
+          // The window follows its origin's shard stream, then the start of another shard's stream.
+          const SampleOrigin o = b.origins[row];
+          size_t s = o.shard, p = 0;
+          for (size_t d = 0; d < o.doc; ++d) p += shards[s][d].size() + 1;
+          p += o.offset;
+          for (int64_t t = 0; t <= T; ++t, ++p) {
+            if (p == streams[s].size()) {
+              ASSERT_TRUE(where.count(w[t])) << "a window continues at a shard start";
+              std::tie(s, p) = where[w[t]];
+              ASSERT_EQ(p, 0u);
+            }
+            ASSERT_EQ(w[t], streams[s][p]) << "W=" << W << " batch " << k;
+          }
+          for (int64_t t = 1; t <= T; ++t) {
+            if (w[t] == eos) ++eos_targets;
+            else targets.insert(w[t]);
+          }
+        }
+      }
+    EXPECT_EQ(targets.size() + eos_targets, N * T);
+    EXPECT_EQ(std::set<int64_t>(targets.begin(), targets.end()).size(), targets.size()) << "a token was a target twice";
+    EXPECT_LE(where.size() - targets.size(), L - 1 - N * T + 1) << "tokens never targeted beyond the tail";
+  }
+}
+
+// ---- determinism and resume --------------------------------------------------------------------
+
+struct Setup {
+  DataConfig cfg;
+  int64_t T, B;
+};
+
+std::vector<Setup> setups() {
+  DataConfig packed = config("packed"), fixed = config("bucketed"), budget = config("bucketed");
+  for (DataConfig* c : {&packed, &fixed, &budget}) c->shuffle_buffer = 7;
+  fixed.pad_multiple = 4;
+  budget.token_budget = 24;
+  budget.long_docs = "split";
+  return {{packed, 5, 2}, {fixed, 6, 2}, {budget, 6, 0}};
+}
+
+TEST(LoaderTest, SameSeedSameBatchesWhateverWorkersAndPrefetch) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({8, 3, 12}, 0, 15, 11));
+  for (const Setup& s : setups()) {
+    auto run = [&](int64_t workers, int64_t prefetch, uint64_t seed) {
+      DataConfig c = s.cfg;
+      c.workers = workers, c.prefetch = prefetch;
+      Loader l(c, m, "train", s.T, std::max<int64_t>(s.B, 1), 0, 1, seed);
+      return take(l, 40);
+    };
+    const auto ref = run(1, 1, 7);
+    for (auto [w, p] : {std::pair<int64_t, int64_t>{3, 1}, {1, 8}, {3, 8}}) {
+      const auto got = run(w, p, 7);
+      for (size_t k = 0; k < ref.size(); ++k)
+        expect_same(got[k], ref[k], s.cfg.mode + " workers " + std::to_string(w) + " prefetch " + std::to_string(p));
+    }
+    const auto other = run(2, 4, 8);
+    size_t differ = 0;
+    for (size_t k = 0; k < ref.size(); ++k) differ += other[k].hash != ref[k].hash;
+    EXPECT_GT(differ, ref.size() / 2) << s.cfg.mode << ": another seed gives another order";
+  }
+}
+
+TEST(LoaderTest, ExactResumeAtEveryBatchBoundary) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({5, 2, 9}, 0, 14, 12));
+  for (const Setup& s : setups()) {
+    for (int64_t workers : {1, 3}) {
+      DataConfig c = s.cfg;
+      c.workers = workers;
+      const int64_t B = std::max<int64_t>(s.B, 1);
+      Loader full(c, m, "train", s.T, B, 0, 1, 3);
+      const size_t K = 4 * full.samples_per_epoch() / B + 3;  // several epochs
+      std::vector<Batch> ref;
+      std::vector<std::string> states{full.state().to_json()};
+      for (size_t k = 0; k < K; ++k) ref.push_back(full.next()), states.push_back(full.state().to_json());
+      EXPECT_GE(ref.back().epoch, 2) << s.cfg.mode;
+      for (size_t k = 0; k < K; ++k) {
+        Loader resumed(c, m, "train", s.T, B, 0, 1, 3);
+        resumed.load_state(LoaderState::from_json(states[k]));
+        for (size_t i = k; i < std::min(K, k + 8); ++i)
+          expect_same(resumed.next(), ref[i], s.cfg.mode + " resumed after batch " + std::to_string(k));
+        ASSERT_FALSE(::testing::Test::HasFailure());
+      }
+    }
+  }
+}
+
+// Runs `ranks` loaders in lock step and returns every sample they produce (origin + epoch) until
+// the shared cursor reaches `until`, starting from `from` (a state JSON, or "" for the start).
+std::vector<std::pair<int64_t, SampleOrigin>> run_ranks(const DataConfig& c, const Manifest& m, int64_t T, int64_t B,
+                                                       int W, const std::string& from, uint64_t until,
+                                                       std::string* state_out) {
+  std::vector<std::unique_ptr<Loader>> ranks;
+  for (int r = 0; r < W; ++r) {
+    ranks.push_back(std::make_unique<Loader>(c, m, "train", T, B, r, W, 5));
+    if (!from.empty()) ranks.back()->load_state(LoaderState::from_json(from));
+  }
+  std::vector<std::pair<int64_t, SampleOrigin>> out;
+  while (ranks[0]->state().cursor < until)
+    for (auto& l : ranks) {
+      const uint64_t before = l->state().cursor;
+      Batch b = l->next();
+      const uint64_t n = static_cast<uint64_t>(l->samples_per_epoch());
+      for (int64_t row = 0; row < b.rows; ++row)
+        out.emplace_back(static_cast<int64_t>(before / n), b.origins[row]);  // before < n here
+    }
+  std::set<std::string> states;
+  for (auto& l : ranks) states.insert(l->state().to_json());
+  EXPECT_EQ(states.size(), 1u) << "ranks agree on the state";
+  *state_out = *states.begin();
+  return out;
+}
+
+TEST(LoaderTest, WorldSizeChangeNeitherRepeatsNorSkips) {
+  TempDir tmp;
+  // 60 non-empty documents: 60 bucketed samples per epoch; packed windows sized to 60 too.
+  auto shards = random_shards({20, 12, 28}, 1, 12, 13);
+  Manifest m = make_dataset(tmp.path(), shards);
+  for (Setup s : setups()) {
+    s.cfg.long_docs = "truncate";
+    const int64_t B = std::max<int64_t>(s.B, 1);
+    int64_t T = s.T;
+    if (s.cfg.mode == "packed") {
+      T = static_cast<int64_t>((stream_of(shards, 256).size() - 1) / 60);
+      ASSERT_EQ((stream_of(shards, 256).size() - 1) / T, 60u);
+    }
+    std::string st0, st1;
+    auto whole = run_ranks(s.cfg, m, T, B, 1, "", 60, &st0);
+    std::sort(whole.begin(), whole.end(), [](auto& a, auto& b) { return std::tie(a.second.shard, a.second.doc, a.second.offset) < std::tie(b.second.shard, b.second.doc, b.second.offset); });
+    ASSERT_EQ(whole.size(), 60u);
+    for (int W2 : {1, 3}) {
+      // W=2 for 3 batches (12 samples with B=2), then W2 ranks to the end of the epoch.
+      auto seen = run_ranks(s.cfg, m, T, B, 2, "", s.cfg.token_budget ? 10 : 12, &st1);
+      auto rest = run_ranks(s.cfg, m, T, B, W2, st1, 60, &st0);
+      EXPECT_EQ(LoaderState::from_json(st0).cursor, 60u) << s.cfg.mode;
+      seen.insert(seen.end(), rest.begin(), rest.end());
+      std::sort(seen.begin(), seen.end(), [](auto& a, auto& b) { return std::tie(a.second.shard, a.second.doc, a.second.offset) < std::tie(b.second.shard, b.second.doc, b.second.offset); });
+      ASSERT_EQ(seen.size(), whole.size()) << s.cfg.mode << " W2=" << W2;
+      for (size_t i = 0; i < seen.size(); ++i) {
+        EXPECT_EQ(seen[i].first, 0) << s.cfg.mode;
+        EXPECT_TRUE(seen[i].second == whole[i].second) << s.cfg.mode << " W2=" << W2 << " sample " << i;
+      }
+    }
+  }
+}
+
+// ---- balance, bucketing ------------------------------------------------------------------------
+
+TEST(LoaderTest, UnevenShardsStayBalancedAcrossRanks) {
+  TempDir tmp;
+  auto shards = random_shards({4, 40, 4, 3}, 1, 30, 17);  // one shard 10x the others
+  Manifest m = make_dataset(tmp.path(), shards);
+  for (const Setup& s : setups()) {
+    const int W = 3;
+    const int64_t T = 16, B = 3;
+    std::vector<std::unique_ptr<Loader>> ranks;
+    DataConfig c = s.cfg;
+    c.shuffle_buffer = 16;
+    if (c.token_budget) c.token_budget = 64;
+    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(c, m, "train", T, B, r, W, 2));
+    for (int k = 0; k < 60; ++k) {
+      std::vector<Batch> b;
+      for (auto& l : ranks) b.push_back(l->next());
+      for (int r = 1; r < W; ++r) {
+        if (c.mode == "packed") EXPECT_EQ(b[r].target_tokens, b[0].target_tokens);
+        else EXPECT_LE(std::abs(b[r].target_tokens - b[r - 1].target_tokens), T) << "batch " << k;
+        if (c.token_budget == 0) EXPECT_EQ(b[r].rows, B);
+      }
+    }
+  }
+}
+
+TEST(LoaderBucketedTest, RowsArePaddedAtTheirEndsWithinBudgetAndMultiple) {
+  TempDir tmp;
+  auto shards = random_shards({30, 50}, 0, 40, 19);
+  Manifest m = make_dataset(tmp.path(), shards);
+  const int64_t T = 20;
+  for (int64_t budget : {0, 50, 130}) {
+    for (const std::string long_docs : {"truncate", "split"}) {
+      DataConfig c = config("bucketed");
+      c.pad_multiple = 8;
+      c.token_budget = budget;
+      c.long_docs = long_docs;
+      c.shuffle_buffer = 13;
+      Loader l(c, m, "train", T, 4, 0, 1, 4);
+      int64_t samples = 0;
+      for (auto& docs : shards)
+        for (auto& d : docs) samples += d.empty() ? 0 : long_docs == "split" ? (d.size() + T - 1) / T : 1;
+      ASSERT_EQ(l.samples_per_epoch(), samples) << long_docs;
+      std::multiset<std::tuple<uint32_t, uint64_t, uint64_t>> seen;
+      while (static_cast<int64_t>(l.state().cursor) < samples) {
+        Batch b = l.next();
+        ASSERT_GE(b.rows, 1);
+        EXPECT_TRUE(b.cols % 8 == 0 || b.cols == T) << b.cols;
+        EXPECT_LE(b.cols, T);
+        if (budget) EXPECT_LE(b.rows * b.cols, budget);
+        else EXPECT_EQ(b.rows, 4);
+        int64_t real = 0, longest = 0;
+        for (int64_t r = 0; r < b.rows; ++r) {
+          const SampleOrigin o = b.origins[r];
+          seen.insert({o.shard, o.doc, o.offset});
+          std::vector<int64_t> s(shards[o.shard][o.doc].begin(), shards[o.shard][o.doc].end());
+          s.push_back(256);
+          s = std::vector<int64_t>(s.begin() + o.offset, s.begin() + std::min<size_t>(s.size(), o.offset + T + 1));
+          if (long_docs == "truncate") EXPECT_EQ(o.offset, 0u);
+          const int64_t n = static_cast<int64_t>(s.size()) - 1;
+          longest = std::max(longest, n);
+          real += n;
+          for (int64_t t = 0; t < b.cols; ++t) {
+            EXPECT_EQ(b.inputs[r * b.cols + t], t < n ? s[t] : 257) << "row " << r << " col " << t;
+            EXPECT_EQ(b.targets[r * b.cols + t], t < n ? s[t + 1] : -1) << "row " << r << " col " << t;
+          }
+        }
+        EXPECT_EQ(b.cols, std::min<int64_t>((longest + 7) / 8 * 8, T));
+        EXPECT_EQ(b.target_tokens, real);
+        EXPECT_EQ(b.pad_tokens, b.rows * b.cols - real);
+      }
+      // Every sample once; fixed-size batches may run a few samples into the next epoch.
+      EXPECT_EQ(seen.size(), l.state().cursor);
+      if (budget) EXPECT_EQ(static_cast<int64_t>(l.state().cursor), samples) << "budget batches never cross a block";
+      EXPECT_EQ(static_cast<int64_t>(std::set<std::tuple<uint32_t, uint64_t, uint64_t>>(seen.begin(), seen.end()).size()), samples);
+    }
+  }
+}
+
+TEST(LoaderBucketedTest, PadsLessThanRandomBatching) {
+  TempDir tmp;
+  auto shards = random_shards({200, 200}, 1, 200, 23);
+  Manifest m = make_dataset(tmp.path(), shards);
+  const int64_t T = 256, B = 8;
+  DataConfig c = config("bucketed");
+  c.pad_multiple = 1;
+  c.shuffle_buffer = 128;
+  Loader l(c, m, "train", T, B, 0, 1, 6);
+  int64_t pad = 0, real = 0;
+  for (int k = 0; k < 50; ++k) {
+    Batch b = l.next();
+    pad += b.pad_tokens, real += b.target_tokens;
+  }
+  // Random batches of the same documents.
+  std::vector<int64_t> lens;
+  for (auto& docs : shards)
+    for (auto& d : docs) lens.push_back(static_cast<int64_t>(d.size()));
+  std::shuffle(lens.begin(), lens.end(), std::mt19937(1));
+  int64_t rpad = 0, rreal = 0;
+  for (size_t i = 0; i + B <= lens.size(); i += B) {
+    const int64_t mx = *std::max_element(lens.begin() + i, lens.begin() + i + B);
+    for (size_t j = i; j < i + B; ++j) rpad += mx - lens[j], rreal += lens[j];
+  }
+  const double ours = double(pad) / (pad + real), random = double(rpad) / (rpad + rreal);
+  EXPECT_LT(ours, random / 4) << "bucketed pad fraction " << ours << " vs random " << random;
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+void patch(const std::string& path, long offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(offset);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST(LoaderErrorTest, BadShardsAreDataErrorsNamingTheFile) {
+  TempDir tmp;
+  const auto shards = random_shards({5, 5, 5}, 5, 10, 29);
+  auto fresh = [&] { return make_dataset(tmp.path(), shards); };
+  auto construct = [&](const Manifest& m, const std::string& verify) {
+    DataConfig c = config("packed");
+    c.verify = verify;
+    Loader l(c, m, "train", 4, 2, 0, 1, 1);
+  };
+  Manifest m = fresh();
+  const std::string p1 = tmp / m.shards[1].file;
+
+  patch(p1, 0, "XX");
+  for (auto v : {"lazy", "full"}) {
+    std::string e = data_error([&] { construct(m, v); });
+    EXPECT_NE(e.find(p1 + ": not a token shard (bad magic)"), std::string::npos) << e;
+  }
+  m = fresh();
+  std::filesystem::resize_file(p1, std::filesystem::file_size(p1) - 2);
+  EXPECT_NE(data_error([&] { construct(m, "lazy"); }).find(p1 + ": file size"), std::string::npos);
+
+  m = fresh();
+  patch(p1, static_cast<long>(std::filesystem::file_size(p1)) - 2, "\x7f");  // a token changed
+  std::string e = data_error([&] { construct(m, "full"); });
+  EXPECT_NE(e.find(p1 + ": checksum"), std::string::npos) << e;
+
+  // verify=lazy: the construction succeeds; the first batch that opens the shard fails, and the
+  // failure is sticky, in order, and never hangs.
+  DataConfig c = config("packed", 3, 4);
+  c.shuffle = false;
+  Loader l(c, m, "train", 4, 1, 0, 1, 1);
+  int good = 0;
+  for (;;) {
+    try {
+      l.next();
+      ++good;
+    } catch (const DataError& err) {
+      EXPECT_NE(std::string(err.what()).find(p1 + ": checksum"), std::string::npos) << err.what();
+      break;
+    }
+  }
+  EXPECT_GT(good, 0) << "shard 0's batches come first";
+  EXPECT_THROW(l.next(), DataError);
+
+  m = fresh();
+  std::filesystem::remove(tmp / m.shards[2].file);
+  e = data_error([&] { construct(m, "lazy"); });
+  EXPECT_NE(e.find(tmp / m.shards[2].file), std::string::npos) << e;
+
+  m = fresh();
+  e = data_error([&] { Loader(config("packed"), m, "test", 4, 1, 0, 1, 1); });
+  EXPECT_NE(e.find("split 'test' has no shards"), std::string::npos) << e;
+  e = data_error([&] { Loader(config("packed"), m, "train", 1000, 1, 0, 1, 1); });
+  EXPECT_NE(e.find(tmp.path() + ": split 'train' is too short"), std::string::npos) << e;
+}
+
+TEST(LoaderErrorTest, StateFromAnotherOrderIsRefusedNamingTheField) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({5, 5}, 5, 10, 31));
+  Loader a(config("packed"), m, "train", 4, 2, 0, 1, 1);
+  a.next();
+  const LoaderState s = LoaderState::from_json(a.state().to_json());
+  EXPECT_EQ(s.cursor, 2u);
+  EXPECT_EQ(s.batches, 1u);
+  auto refused = [&](DataConfig c, int64_t T, uint64_t seed, const std::string& field) {
+    Loader b(c, m, "train", T, 2, 0, 1, seed);
+    std::string e = data_error([&] { b.load_state(s); });
+    EXPECT_NE(e.find("field '" + field + "'"), std::string::npos) << e;
+  };
+  refused(config("packed"), 4, 2, "seed");
+  refused(config("packed"), 5, 1, "seq_len");
+  refused(config("bucketed"), 4, 1, "mode");
+  DataConfig noshuf = config("packed");
+  noshuf.shuffle = false;
+  refused(noshuf, 4, 1, "shuffle");
+  TempDir other;
+  Manifest m2 = make_dataset(other.path(), random_shards({5, 5}, 5, 10, 32));
+  Loader c(config("packed"), m2, "train", 4, 2, 0, 1, 1);
+  EXPECT_NE(data_error([&] { c.load_state(s); }).find("field 'data_version'"), std::string::npos);
+  EXPECT_NE(data_error([] { LoaderState::from_json("{\"version\": 1}"); }).find("loader state: malformed"), std::string::npos);
+  // A different micro batch is fine in packed mode: the cursor counts samples.
+  Loader d(config("packed"), m, "train", 4, 3, 0, 1, 1);
+  d.load_state(s);
+  EXPECT_EQ(d.next().origins.front(), a.next().origins.front());
+}
+
+TEST(LoaderTest, DestructionWhileWorkersWaitIsPrompt) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({50}, 50, 100, 37));
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Loader l(config("packed", 4, 1), m, "train", 8, 2, 0, 1, 1);
+    l.next();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the queue is full: workers wait
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
+}  // namespace
+}  // namespace lm::data
