@@ -66,10 +66,21 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   return F::linear(lnf->forward(x), wte->weight);  // tied head: (B, T, V)
 }
 
-torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);
+namespace {
+torch::Tensor lm_loss(GPTImpl& m, const torch::Tensor& idx, const torch::Tensor& targets,
+                      F::CrossEntropyFuncOptions::reduction_t reduction) {
+  auto logits = m.forward(idx);
   return F::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-1));
+                          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(reduction));
+}
+}  // namespace
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  return lm_loss(*this, idx, targets, torch::kMean);
+}
+
+torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
+  return lm_loss(*this, idx, targets, torch::kSum);
 }
 
 int64_t GPTImpl::num_params() const {

@@ -33,6 +33,8 @@ struct GPTImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx);
   // Mean next-token cross-entropy over targets != -1. idx, targets: (B, T) int64.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  // The same, summed over targets != -1 (the trainer divides by the step's token count).
+  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2*n_layer), zero biases, unit LayerNorm. Draws from the default generator.

@@ -92,17 +92,20 @@ TEST(FlatParams, ViewsGroupsAndGradients) {
   EXPECT_EQ(flat.numel(), m->num_params());
   int i = 0;
   for (auto& [n, t] : module_tensors(*m)) EXPECT_TRUE(torch::equal(t, copies[i++])) << n;
-  int64_t decayed = 0;
+  int64_t decayed = 0, in_runs = 0, next = 0;
   for (auto& e : flat.entries()) {
     bool matrix = e.name.find("weight") != std::string::npos && e.name.find("ln") == std::string::npos &&
                   e.name.find("wte") == std::string::npos && e.name.find("wpe") == std::string::npos;
     EXPECT_EQ(e.decay, matrix) << e.name;
-    if (e.decay) {
-      decayed += e.numel;
-      EXPECT_LT(e.offset, flat.decay_numel());
-    }
+    EXPECT_EQ(e.offset, next) << e.name;  // contiguous, in reverse registration order
+    next += e.numel;
+    if (e.decay) decayed += e.numel;
   }
-  EXPECT_EQ(decayed, flat.decay_numel());
+  EXPECT_EQ(flat.entries().front().name, "lnf.bias");
+  EXPECT_EQ(flat.entries().back().name, "wte.weight");
+  for (auto& r : flat.decay_runs())
+    if (r.decay) in_runs += r.numel;
+  EXPECT_EQ(decayed, in_runs);
   // Parameters are views of the flat buffer; gradients accumulate into the flat grad buffer.
   flat.params().zero_();
   for (auto& p : m->parameters()) EXPECT_EQ(p.abs().sum().item<double>(), 0.0);

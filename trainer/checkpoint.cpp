@@ -305,7 +305,10 @@ CheckpointState Checkpointer::load(const std::string& dir) {
   st.model = load_safetensors(dir + "/model.safetensors");
   st.optimizer = load_safetensors(dir + "/optimizer.safetensors");
   if (fs::exists(dir + "/ema.safetensors")) st.ema = load_safetensors(dir + "/ema.safetensors");
-  const std::string rank_file = dir + "/rank_" + std::to_string(rank_) + ".json";
+  // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
+  // global; its "rank" field tells the trainer the RNG state is not its own.
+  std::string rank_file = dir + "/rank_" + std::to_string(rank_) + ".json";
+  if (!fs::exists(rank_file)) rank_file = dir + "/rank_0.json";
   if (fs::exists(rank_file)) {
     try {
       st.rank_state = nlohmann::json::parse(fs::read_file(rank_file));

@@ -77,8 +77,8 @@ class Checkpointer {
   // the newest directory under RUN_DIR/checkpoints that verifies and warns about each one skipped
   // and why; an explicit path that does not verify throws CheckpointError.
   std::string find_resume() const;
-  // Reads a verified checkpoint for this rank (and counts it as the last save). Throws
-  // CheckpointError naming the file on error.
+  // Reads a verified checkpoint for this rank (and counts it as the last save); a rank the
+  // checkpoint has no file for gets rank 0's. Throws CheckpointError naming the file on error.
   CheckpointState load(const std::string& dir);
   // Step of the last save started (or loaded).
   int64_t last_save_step() const { return last_save_step_; }

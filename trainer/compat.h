@@ -10,7 +10,19 @@
 #define LM_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 namespace lm::compat {
+
+// The c10d base class of process-group backends (Gloo, NCCL): ProcessGroup in 1.13, Backend in 2.x.
+#if LM_TORCH_AT_LEAST(2, 0)
+using CommBackend = c10d::Backend;
+#else
+using CommBackend = c10d::ProcessGroup;
+#endif
 
 // "1.13.0" etc.
 inline std::string torch_version() {

@@ -235,6 +235,10 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save", {"stop", "continue"});
   s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "wait for other ranks' files", 0, true);
 
+  s.choice("dist.backend", &c.dist.backend, "process group backend", {"auto", "nccl", "gloo"});
+  s.number("dist.timeout_s", &c.dist.timeout_s, "collective and rendezvous timeout", 0, true);
+  s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size (MB)", 0, true);
+
   s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);
 
   s.integer("eval.every_steps", &c.eval.every_steps, "validate every N steps; 0 = at end", 0);

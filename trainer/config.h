@@ -12,6 +12,7 @@
 #include "data/data_config.h"
 #include "models/model_config.h"
 #include "trainer/checkpoint_config.h"
+#include "trainer/dist_config.h"
 #include "trainer/optim_config.h"
 #include "trainer/train_config.h"
 
@@ -27,6 +28,7 @@ struct ExperimentConfig {
   LogConfig log;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  DistConfig dist;
 };
 
 // Loads `path` (empty = defaults only), applies `overrides` in order, validates.

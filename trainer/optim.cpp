@@ -13,31 +13,30 @@ FlatParams::FlatParams(torch::nn::Module& module) {
       for (auto& p : m.value()->parameters(false)) embedding_params.insert(p.unsafeGetTensorImpl());
   }
   auto named = module.named_parameters();
-  std::vector<std::pair<std::string, torch::Tensor>> decay, rest;
-  for (auto& p : named) {
-    bool d = p.value().dim() >= 2 && !embedding_params.count(p.value().unsafeGetTensorImpl());
-    (d ? decay : rest).emplace_back(p.key(), p.value());
-  }
+  std::vector<torch::Tensor> order;
   int64_t total = 0;
-  for (auto* group : {&decay, &rest})
-    for (auto& [name, t] : *group) {
-      entries_.push_back({name, total, t.numel(), group == &decay});
-      total += t.numel();
-      if (group == &decay) decay_numel_ = total;
-    }
+  for (auto it = named.end(); it != named.begin();) {  // reverse registration order
+    --it;
+    const auto& t = it->value();
+    const bool decay = t.dim() >= 2 && !embedding_params.count(t.unsafeGetTensorImpl());
+    entries_.push_back({it->key(), total, t.numel(), decay});
+    if (!runs_.empty() && runs_.back().decay == decay) runs_.back().numel += t.numel();
+    else runs_.push_back({"", total, t.numel(), decay});
+    order.push_back(t);
+    total += t.numel();
+  }
   auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
   params_ = torch::empty({total}, opts.requires_grad(false));
   grads_ = torch::zeros({total}, opts.requires_grad(false));
   torch::NoGradGuard ng;
-  size_t i = 0;
-  for (auto* group : {&decay, &rest})
-    for (auto& [name, t] : *group) {
-      const auto& e = entries_[i++];
-      auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
-      pv.copy_(t);
-      t.set_data(pv);
-      t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
-    }
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto& t = order[i];
+    const auto& e = entries_[i];
+    auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
+    pv.copy_(t);
+    t.set_data(pv);
+    t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
+  }
 }
 
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
@@ -60,7 +59,6 @@ void AdamW::step(double lr) {
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t_));
   const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
-  const int64_t n = flat_.numel(), n_decay = flat_.decay_numel();
   auto& p = flat_.params();
   auto& g = flat_.grads();
   if (p.is_cpu() && p.scalar_type() == torch::kFloat) {
@@ -69,21 +67,25 @@ void AdamW::step(double lr) {
     float* mp = m_.data_ptr<float>();
     float* vp = v_.data_ptr<float>();
     const float fb1 = b1, fb2 = b2, omb1 = 1 - b1, omb2 = 1 - b2, feps = eps, fss = step_size,
-                finv_bc2 = 1.0 / bc2_sqrt, fdecay = 1.0 - lr * wd;
-    at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        float pi = i < n_decay ? pp[i] * fdecay : pp[i];
-        float mi = fb1 * mp[i] + omb1 * gp[i];
-        float vi = fb2 * vp[i] + omb2 * gp[i] * gp[i];
-        mp[i] = mi;
-        vp[i] = vi;
-        pp[i] = pi - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
-      }
-    });
+                finv_bc2 = 1.0 / bc2_sqrt;
+    for (const auto& run : flat_.decay_runs()) {
+      const float fdecay = run.decay ? 1.0 - lr * wd : 1.0f;
+      at::parallel_for(run.offset, run.offset + run.numel, 1 << 15, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float mi = fb1 * mp[i] + omb1 * gp[i];
+          float vi = fb2 * vp[i] + omb2 * gp[i] * gp[i];
+          mp[i] = mi;
+          vp[i] = vi;
+          pp[i] = pp[i] * fdecay - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
+        }
+      });
+    }
     return;
   }
   torch::NoGradGuard ng;
-  if (wd > 0 && n_decay > 0) p.narrow(0, 0, n_decay).mul_(1.0 - lr * wd);
+  if (wd > 0)
+    for (const auto& run : flat_.decay_runs())
+      if (run.decay) p.narrow(0, run.offset, run.numel).mul_(1.0 - lr * wd);
   m_.mul_(b1).add_(g, 1 - b1);
   v_.mul_(b2).addcmul_(g, g, 1 - b2);
   p.addcdiv_(m_, (v_.sqrt() / bc2_sqrt).add_(eps), -step_size);

@@ -1,9 +1,11 @@
 // Flat parameter storage, AdamW and the learning-rate schedule.
 //
 // FlatParams moves every parameter of a module into ONE contiguous buffer (and every gradient into
-// a second one), so clipping, the optimizer update, zeroing and (later) all-reduce buckets each
-// touch one tensor instead of hundreds. Decayed parameters (matrices of Linear layers) come first:
-// [0, decay_numel) is decayed, [decay_numel, numel) is not (biases, norms, embeddings).
+// a second one), so clipping, the optimizer update, zeroing and all-reduce buckets each touch one
+// tensor instead of hundreds. Parameters are laid out in REVERSE registration order, which is
+// roughly the order backward produces their gradients (so all-reduce buckets, which are
+// contiguous ranges, fill up one after another). Each entry records whether it is decayed
+// (matrices of Linear layers; not biases, norms, embeddings).
 #pragma once
 
 #include <torch/torch.h>
@@ -30,14 +32,14 @@ class FlatParams {
   torch::Tensor& params() { return params_; }  // (numel,)
   torch::Tensor& grads() { return grads_; }    // (numel,), params' .grad are views of it
   int64_t numel() const { return params_.numel(); }
-  int64_t decay_numel() const { return decay_numel_; }
   const std::vector<Entry>& entries() const { return entries_; }
+  // Maximal runs of entries with the same decay flag: {offset, numel, decay}.
+  const std::vector<Entry>& decay_runs() const { return runs_; }
   void zero_grad() { grads_.zero_(); }
 
  private:
   torch::Tensor params_, grads_;
-  int64_t decay_numel_ = 0;
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_, runs_;
 };
 
 // Scales gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0).
@@ -45,7 +47,7 @@ class FlatParams {
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 
 // AdamW with decoupled weight decay, the same update as torch.optim.AdamW (non-amsgrad):
-//   p *= 1 - lr*wd (decayed range only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   p *= 1 - lr*wd (decayed entries only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 // On CPU float32 one fused, multi-threaded pass over the flat buffers.
 class AdamW {

@@ -9,10 +9,12 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "data/loader.h"
 #include "data/manifest.h"
 #include "data/reader.h"
 #include "models/gpt.h"
@@ -20,6 +22,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/cli.h"
 #include "trainer/compat.h"
+#include "trainer/dist.h"
 #include "trainer/errors.h"
 #include "trainer/fileio.h"
 #include "trainer/host_allocator.h"
@@ -117,151 +120,266 @@ class MetricsFile {
   std::ofstream out_;
 };
 
+// (B, T+1) windows of the sequential (validation) reader -> inputs and targets on `device`.
 struct Batch {
-  torch::Tensor x, y;  // (B, T) int64 inputs and targets on the device
+  torch::Tensor x, y;  // (B, T) int64
 };
-Batch next_batch(data::SequentialReader& r, int64_t B, int64_t T, std::vector<int64_t>& buf,
-                 const torch::Device& device) {
+Batch next_val_batch(data::SequentialReader& r, int64_t B, int64_t T, std::vector<int64_t>& buf,
+                     const torch::Device& device) {
   r.next(B, buf);
   auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(device, /*non_blocking=*/false, /*copy=*/true);
   return {w.slice(1, 0, T), w.slice(1, 1, T + 1)};
 }
 
+int64_t double_bits(double d) {
+  int64_t i;
+  std::memcpy(&i, &d, sizeof i);
+  return i;
+}
+double bits_double(int64_t i) {
+  double d;
+  std::memcpy(&d, &i, sizeof d);
+  return d;
+}
+
+// What every rank reports after a step (gathered so rank 0 can log global values and all ranks
+// take the same save/stop decisions).
+enum Stat { kLossSum, kTargets, kPad, kInputs, kWaitUs, kStop, kSave, kHash, kNumStats };
+
 // Windows that survive a resume: the logging window and the run summary's accumulators.
 struct Windows {
-  double loss = 0, time = 0;
+  double loss = 0, time = 0, wait = 0, tokens = 0, pad = 0, inputs = 0;  // logging window
   int64_t steps = 0;
-  double first_loss = -1, last_loss = 0, timed_tokens = 0, timed_s = 0;
+  double first_loss = -1, last_loss = 0, timed_tokens = 0, timed_s = 0;  // whole run
+  double run_pad = 0, run_inputs = 0;
   nlohmann::json to_json() const {
-    return {{"loss", loss}, {"time", time}, {"steps", steps}, {"first_loss", first_loss},
-            {"last_loss", last_loss}, {"timed_tokens", timed_tokens}, {"timed_s", timed_s}};
+    return {{"loss", loss}, {"time", time}, {"wait", wait}, {"tokens", tokens}, {"pad", pad},
+            {"inputs", inputs}, {"steps", steps}, {"first_loss", first_loss}, {"last_loss", last_loss},
+            {"timed_tokens", timed_tokens}, {"timed_s", timed_s}, {"run_pad", run_pad},
+            {"run_inputs", run_inputs}};
   }
   void from_json(const nlohmann::json& j) {
-    loss = j.at("loss"), time = j.at("time"), steps = j.at("steps"), first_loss = j.at("first_loss");
+    loss = j.at("loss"), time = j.at("time"), wait = j.at("wait"), tokens = j.at("tokens");
+    pad = j.at("pad"), inputs = j.at("inputs"), steps = j.at("steps"), first_loss = j.at("first_loss");
     last_loss = j.at("last_loss"), timed_tokens = j.at("timed_tokens"), timed_s = j.at("timed_s");
+    run_pad = j.at("run_pad"), run_inputs = j.at("run_inputs");
   }
 };
 
 class Trainer {
  public:
   Trainer(const ExperimentConfig& cfg, const std::string& command)
-      : cfg_(cfg), device_(pick_device(cfg.train.device)) {
+      : cfg_(cfg), device_(pick_device(cfg.train.device)), launch_(LaunchEnv::from_environment()) {
+    rank_ = launch_.rank;
+    world_ = launch_.world_size;
     // All input is checked before anything is printed or written.
     manifest_ = data::Manifest::load(cfg.data.train);
     const int64_t data_vocab = static_cast<int64_t>(manifest_.tokenizer.vocab_size);
     if (cfg.model.vocab_size > 0 && cfg.model.vocab_size < data_vocab)
       throw ConfigError("key 'model.vocab_size': " + std::to_string(cfg.model.vocab_size) +
                         " is smaller than the data's vocabulary (" + std::to_string(data_vocab) + ")");
-    train_reader_ = std::make_unique<data::SequentialReader>(manifest_, "train", cfg.model.seq_len);
+    loader_ = std::make_unique<data::Loader>(cfg.data, manifest_, "train", cfg.model.seq_len,
+                                             cfg.train.micro_batch_size, rank_, world_,
+                                             static_cast<uint64_t>(cfg.run.seed));
     if (cfg.eval.batches > 0) {
       val_manifest_ = cfg.data.val.empty() ? manifest_ : data::Manifest::load(cfg.data.val);
       std::string split = val_manifest_.split_tokens("val") > 0 ? "val" : "train";
       if (val_manifest_.split_tokens(split) > static_cast<uint64_t>(cfg.model.seq_len))
         val_reader_ = std::make_unique<data::SequentialReader>(val_manifest_, split, cfg.model.seq_len);
-      else
+      else if (rank_ == 0)
         log::warn("no validation data in " + val_manifest_.dir + ": validation disabled");
     }
     vocab_ = padded_vocab(cfg.model, data_vocab);
-    ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, /*rank=*/0, /*world=*/1);
-    resume_dir_ = ckpt_->find_resume();
-    if (!resume_dir_.empty()) resume_state_ = ckpt_->load(resume_dir_);
-    check_compatible();
 
     const auto& run_dir = cfg.run.dir;
     fs::make_dirs(run_dir + "/logs");
-    log::init(run_dir + "/logs/rank_0.log");
-    log::info("trainer: " + command);
-    log::info("resolved config (* = not the default):\n" + to_table(cfg));
-    fs::write_file_atomic(run_dir + "/config.yaml", to_yaml(cfg));
+    log::init(run_dir + "/logs/rank_" + std::to_string(rank_) + ".log", /*console=*/rank_ == 0, rank_, world_);
+    if (world_ > 1) {
+      log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", rank_, world_,
+                     launch_.source.c_str(), launch_.local_rank, launch_.master_addr.c_str(), launch_.master_port));
+      comm_ = std::make_unique<Comm>(launch_, cfg.dist, device_);
+    }
+    ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, run_dir, rank_, world_);
+    find_and_load_resume();
+    if (rank_ == 0) {
+      log::info("trainer: " + command);
+      log::info("resolved config (* = not the default):\n" + to_table(cfg));
+      fs::write_file_atomic(run_dir + "/config.yaml", to_yaml(cfg));
+    }
 
     install_caching_host_allocator();
     // 0 keeps LibTorch's default. Debian's LibTorch uses one intra-op thread and lets OpenBLAS
     // thread the matmuls itself: measured fastest on 2 cores (torch and BLAS both threaded spin
     // against each other and run ~2x slower).
     if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
-    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));  // identical init on every rank
     model_ = GPT(cfg.model, vocab_);
     model_->to(device_);
     flat_ = std::make_unique<FlatParams>(*model_);
     opt_ = std::make_unique<AdamW>(*flat_, cfg.optim);
     if (cfg.train.ema_decay > 0) ema_ = flat_->params().clone();
+    // Each rank's own dropout stream.
+    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed) ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank_ + 1)));
     const int64_t n = model_->num_params();
     flops_per_token_ = flops_per_token(cfg.model, n);
     log::info(strf("model: gpt, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token "
                    "(6N + 12*L*d*T, N=%lld)", (long long)n, n / 1e6, (long long)vocab_,
                    (long long)data_vocab, flops_per_token_, (long long)n));
-    log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s",
+    log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s, %s mode, %lld samples/epoch",
                    manifest_.dir.c_str(), (unsigned long long)manifest_.split_tokens("train"),
-                   manifest_.data_version.c_str(), manifest_.tokenizer.kind.c_str()));
-    log::info(strf("device: %s, LibTorch %s, %d threads", device_.str().c_str(),
-                   compat::torch_version().c_str(), torch::get_num_threads()));
+                   manifest_.data_version.c_str(), manifest_.tokenizer.kind.c_str(), cfg.data.mode.c_str(),
+                   (long long)loader_->samples_per_epoch()));
+    log::info(strf("device: %s, LibTorch %s, %d threads, world size %d", device_.str().c_str(),
+                   compat::torch_version().c_str(), torch::get_num_threads(), world_));
     if (!resume_dir_.empty()) restore();
-    metrics_ = std::make_unique<MetricsFile>(run_dir + "/metrics.jsonl", resume_dir_.empty() ? -1 : step_);
+    if (comm_) {
+      comm_->broadcast(flat_->params(), 0, "broadcast of the initial parameters");
+      grad_sync_ = std::make_unique<GradSync>(*comm_, *flat_, *model_, cfg.dist.bucket_mb);
+      log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm_->backend().c_str(),
+                     grad_sync_->num_buckets(), cfg.dist.bucket_mb));
+    }
+    if (rank_ == 0) metrics_ = std::make_unique<MetricsFile>(run_dir + "/metrics.jsonl", resume_dir_.empty() ? -1 : step_);
   }
 
   TrainSummary run() {
     const auto& c = cfg_;
-    const int64_t B = c.train.micro_batch_size, T = c.model.seq_len, accum = c.train.grad_accum;
-    const int64_t tokens_per_step = B * T * accum;
+    const int64_t accum = c.train.grad_accum;
     auto t_start = Clock::now();
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGINT, on_stop_signal);
-    std::vector<int64_t> buf;
     double mean_step_s = 0;
+    std::vector<data::Batch> batches(static_cast<size_t>(accum));
     model_->train();
     while (step_ < c.train.max_steps) {
       auto t0 = Clock::now();
+      // The step's micro-batches first: their token count normalises the loss.
+      int64_t local[kNumStats] = {0};
+      double wait_ms = 0;
+      std::vector<uint64_t> hashes;
+      for (int64_t m = 0; m < accum; ++m) {
+        batches[m] = loader_->next();
+        wait_ms += loader_->last_wait_ms();
+        local[kTargets] += batches[m].target_tokens;
+        local[kPad] += batches[m].pad_tokens;
+        local[kInputs] += batches[m].rows * batches[m].cols;
+        hashes.push_back(batches[m].hash);
+      }
+      local[kHash] = static_cast<int64_t>(accum == 1 ? hashes[0] : fs::xxh64(hashes.data(), hashes.size() * sizeof(uint64_t)));
+      const double global_targets = global_target_tokens(local[kTargets]);
       flat_->zero_grad();
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
-      for (int64_t micro = 0; micro < accum; ++micro) {
-        auto b = next_batch(*train_reader_, B, T, buf, device_);
-        auto loss = model_->loss(b.x, b.y);
-        (loss / static_cast<double>(accum)).backward();
+      for (int64_t m = 0; m < accum; ++m) {
+        auto& b = batches[m];
+        auto x = torch::from_blob(b.inputs.data(), {b.rows, b.cols}, torch::kLong).to(device_);
+        auto y = torch::from_blob(b.targets.data(), {b.rows, b.cols}, torch::kLong).to(device_);
+        if (grad_sync_) grad_sync_->begin(m == accum - 1);
+        auto loss = b.rows > 0 ? model_->loss_sum(x, y) : torch::zeros({}, torch::TensorOptions().device(device_));
+        if (b.rows > 0) (loss / global_targets).backward();
         loss_sum += loss.detach();
       }
+      if (grad_sync_) grad_sync_->finish(step_ + 1);
       auto gnorm = clip_grad_norm(*flat_, c.optim.grad_clip);
       const double lr = lr_at(c.schedule, c.optim.lr, c.train.max_steps, step_);
       opt_->step(lr);
       if (ema_.defined()) ema_.lerp_(flat_->params(), 1.0 - c.train.ema_decay);
-      const double loss = loss_sum.item<double>() / accum;  // the host sync of the step
-      const double step_s = seconds_since(t0);
-      if (!std::isfinite(loss)) throw Error(strf("non-finite loss %g at step %lld", loss, (long long)step_ + 1));
       ++step_;
-      tokens_ += tokens_per_step;
-      mean_step_s = mean_step_s == 0 ? step_s : 0.9 * mean_step_s + 0.1 * step_s;
-      win_.loss += loss;
-      win_.time += step_s;
-      ++win_.steps;
-      if (step_ > start_step_ + 1) win_.timed_tokens += tokens_per_step, win_.timed_s += step_s;
-      if (step_ == start_step_ + 1 && !resume_dir_.empty())
+      local[kLossSum] = double_bits(loss_sum.item<double>());  // the host sync of the step
+      local[kWaitUs] = static_cast<int64_t>(wait_ms * 1e3);
+      local[kStop] = g_stop_signal.load() != 0;
+      const double step_s_local = seconds_since(t0);
+      mean_step_s = mean_step_s == 0 ? step_s_local : 0.9 * mean_step_s + 0.1 * step_s_local;
+      local[kSave] = step_ != c.train.max_steps && ckpt_->due(step_, mean_step_s);
+      const auto all = gather_stats(local);
+      const double step_s = seconds_since(t0);
+      double loss_total = 0, wait_max = 0;
+      int64_t targets = 0, pad = 0, inputs = 0, stop = 0;
+      std::vector<uint64_t> rank_hashes;
+      for (int r = 0; r < world_; ++r) {
+        const int64_t* s = &all[static_cast<size_t>(r) * kNumStats];
+        loss_total += bits_double(s[kLossSum]);
+        targets += s[kTargets], pad += s[kPad], inputs += s[kInputs];
+        wait_max = std::max(wait_max, s[kWaitUs] / 1e3);
+        stop |= s[kStop];
+        rank_hashes.push_back(static_cast<uint64_t>(s[kHash]));
+      }
+      const bool save_now = all[kSave] != 0;  // rank 0 decides
+      const double loss = loss_total / std::max<double>(1.0, static_cast<double>(targets));
+      if (!std::isfinite(loss)) throw Error(strf("non-finite loss %g at step %lld", loss, (long long)step_));
+      batch_hash_ = world_ == 1 ? rank_hashes[0] : fs::xxh64(rank_hashes.data(), rank_hashes.size() * sizeof(uint64_t));
+      tokens_ += targets;
+      win_.loss += loss, win_.time += step_s, win_.wait += wait_max, win_.tokens += targets;
+      win_.pad += pad, win_.inputs += inputs, ++win_.steps;
+      win_.run_pad += pad, win_.run_inputs += inputs;
+      if (step_ > start_step_ + 1) win_.timed_tokens += targets, win_.timed_s += step_s;
+      if (step_ == start_step_ + 1 && !resume_dir_.empty() && metrics_)
         metrics_->write({{"kind", "resume"}, {"step", step_}, {"checkpoint", resume_dir_},
                          {"recovery_ms", 1e3 * process_age_s()}, {"load_ms", load_ms_}});
-      if (step_ % c.log.every_steps == 0 || step_ == c.train.max_steps) log_window(lr, gnorm.item<double>(), tokens_per_step);
+      if (step_ % c.log.every_steps == 0 || step_ == c.train.max_steps) log_window(lr, gnorm.item<double>());
       if (val_reader_ && c.eval.every_steps > 0 && step_ % c.eval.every_steps == 0 && step_ != c.train.max_steps)
         evaluate();
       log_saves();
-      if (g_stop_signal.load() != 0) {
-        log::warn(strf("signal %d: checkpointing at step %lld and stopping", g_stop_signal.load(), (long long)step_));
+      if (stop) {
+        log::warn(strf("stop signal: checkpointing at step %lld and exiting", (long long)step_));
         save();
         ckpt_->wait();
         log_saves();
         return summary(t_start);
       }
-      if (step_ != c.train.max_steps && ckpt_->due(step_, mean_step_s)) save();
+      if (save_now) save();
     }
     if (val_reader_) evaluate();
     if (ckpt_->last_save_step() != step_) save();  // always one at the end
     ckpt_->wait();
     log_saves();
-    save_safetensors(c.run.dir + "/model.safetensors", module_tensors(*model_),
-                     {{"format", "pt"}, {"arch", c.model.arch}, {"step", std::to_string(step_)}});
+    if (rank_ == 0)
+      save_safetensors(c.run.dir + "/model.safetensors", module_tensors(*model_),
+                       {{"format", "pt"}, {"arch", c.model.arch}, {"step", std::to_string(step_)}});
     return summary(t_start);
   }
 
  private:
+  // Target tokens of the whole step over all ranks (the loss is their mean). Packed batches all
+  // hold micro_batch * seq_len targets; bucketed ones vary, so they are summed over ranks.
+  double global_target_tokens(int64_t local) {
+    if (!comm_) return static_cast<double>(std::max<int64_t>(local, 1));
+    if (cfg_.data.mode == "packed") return static_cast<double>(local) * world_;
+    auto t = torch::tensor({local}, torch::kLong);
+    comm_->all_reduce_sum(t, "all-reduce of the step's token count");
+    return static_cast<double>(std::max<int64_t>(t.item<int64_t>(), 1));
+  }
+
+  std::vector<int64_t> gather_stats(const int64_t* local) {
+    if (!comm_) return std::vector<int64_t>(local, local + kNumStats);
+    auto t = torch::from_blob(const_cast<int64_t*>(local), {kNumStats}, torch::kLong).clone();
+    auto all = comm_->all_gather(t, strf("all-gather of step %lld statistics", (long long)step_)).contiguous();
+    return std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+  }
+
+  // Rank 0 picks the checkpoint (verifying checksums); every rank loads the same one.
+  void find_and_load_resume() {
+    int64_t step = -1;
+    if (rank_ == 0) {
+      resume_dir_ = ckpt_->find_resume();
+      if (!resume_dir_.empty()) {
+        resume_state_ = ckpt_->load(resume_dir_);
+        step = resume_state_.step;
+      }
+    }
+    if (comm_) {
+      auto t = torch::tensor({step}, torch::kLong);
+      comm_->broadcast(t, 0, "broadcast of the resume step");
+      step = t.item<int64_t>();
+      if (rank_ != 0 && step >= 0) {
+        resume_dir_ = cfg_.checkpoint.resume != "auto" ? cfg_.checkpoint.resume
+                                                       : ckpt_->dir() + "/" + strf("step_%08lld", (long long)step);
+        resume_state_ = ckpt_->load(resume_dir_);
+      }
+    }
+    if (step >= 0) check_compatible();
+  }
+
   // A checkpoint trained with another architecture or on other data is refused unless forced.
   void check_compatible() {
-    if (resume_dir_.empty()) return;
     auto mismatch = [&](const std::string& what, const nlohmann::json& theirs, const nlohmann::json& ours) {
       std::string msg = "checkpoint " + resume_dir_ + " has " + what + " " + theirs.dump() + ", the config gives " +
                         ours.dump();
@@ -279,7 +397,7 @@ class Trainer {
   CheckpointState snapshot() {
     CheckpointState st;
     st.step = step_;
-    st.state = {{"progress", {{"step", step_}, {"tokens", tokens_}, {"epoch", train_reader_->epoch()}}},
+    st.state = {{"progress", {{"step", step_}, {"tokens", tokens_}, {"epoch", epoch()}}},
                 {"optimizer", {{"kind", "adamw"}, {"step", opt_->steps()}}},
                 {"scheduler", {{"kind", cfg_.schedule.kind}, {"step", step_}, {"lr", lr_at(cfg_.schedule, cfg_.optim.lr, cfg_.train.max_steps, step_)}}},
                 {"metrics", win_.to_json()},
@@ -287,14 +405,16 @@ class Trainer {
                 {"arch", arch_json(cfg_.model, vocab_)},
                 {"data_version", manifest_.data_version},
                 {"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}}};
-    st.model = module_tensors(*model_);
-    for (const auto& e : flat_->entries()) {
-      st.optimizer.emplace_back("exp_avg/" + e.name, opt_->exp_avg().narrow(0, e.offset, e.numel));
-      st.optimizer.emplace_back("exp_avg_sq/" + e.name, opt_->exp_avg_sq().narrow(0, e.offset, e.numel));
-      if (ema_.defined()) st.ema.emplace_back(e.name, ema_.narrow(0, e.offset, e.numel));
+    if (rank_ == 0) {
+      st.model = module_tensors(*model_);
+      for (const auto& e : flat_->entries()) {
+        st.optimizer.emplace_back("exp_avg/" + e.name, opt_->exp_avg().narrow(0, e.offset, e.numel));
+        st.optimizer.emplace_back("exp_avg_sq/" + e.name, opt_->exp_avg_sq().narrow(0, e.offset, e.numel));
+        if (ema_.defined()) st.ema.emplace_back(e.name, ema_.narrow(0, e.offset, e.numel));
+      }
     }
-    st.rank_state = {{"rank", 0},
-                     {"loader", nlohmann::json::object()},
+    st.rank_state = {{"rank", rank_},
+                     {"loader", nlohmann::json::parse(loader_->state().to_json())},
                      {"rng", {{"cpu", to_hex(at::detail::getDefaultCPUGenerator().get_state())}}}};
     return st;
   }
@@ -329,31 +449,42 @@ class Trainer {
     step_ = start_step_ = st.state.at("progress").at("step").get<int64_t>();
     tokens_ = st.state.at("progress").at("tokens").get<int64_t>();
     win_.from_json(st.state.at("metrics"));
-    // Data position: the foundation reader replays its windows.
-    for (int64_t i = 0; i < step_ * cfg_.train.grad_accum; ++i) {
-      std::vector<int64_t> buf;
-      train_reader_->next(cfg_.train.micro_batch_size, buf);
-    }
-    if (st.rank_state.contains("rng")) {
+    loader_->load_state(data::LoaderState::from_json(st.rank_state.at("loader").dump()));
+    if (st.rank_state.value("rank", -1) == rank_) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the shared generator
       gen.set_state(from_hex(st.rank_state.at("rng").at("cpu").get<std::string>()));
+    } else {
+      log::warn(strf("%s has no state for rank %d (world size changed): the global data cursor is "
+                     "rank 0's, dropout draws start anew", resume_dir_.c_str(), rank_));
     }
-    if (!st.rank_state.contains("rng")) log::warn(resume_dir_ + ": no RNG state for this rank; dropout draws start anew");
     load_ms_ = 1e3 * seconds_since(t0);
     log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_dir_.c_str(), (long long)step_, load_ms_));
   }
 
-  void log_window(double lr, double gnorm, int64_t tokens_per_step) {
-    const double mean_loss = win_.loss / win_.steps, tps = tokens_per_step * win_.steps / win_.time;
-    const double step_ms = 1e3 * win_.time / win_.steps;
-    log::info(strf("step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step",
-                   (long long)step_, (long long)cfg_.train.max_steps, mean_loss, lr, gnorm, tps, step_ms));
-    metrics_->write({{"kind", "train"}, {"step", step_}, {"loss", mean_loss}, {"lr", lr},
-                     {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"step_ms", step_ms},
-                     {"tokens", tokens_}, {"epoch", train_reader_->epoch()}});
+  int64_t epoch() const {
+    const int64_t per_epoch = std::max<int64_t>(1, loader_->samples_per_epoch());
+    return static_cast<int64_t>(loader_->state().cursor) / per_epoch;
+  }
+
+  void log_window(double lr, double gnorm) {
+    const double n = static_cast<double>(win_.steps);
+    const double mean_loss = win_.loss / n, tps = win_.tokens / win_.time, step_ms = 1e3 * win_.time / n;
+    const double wait_ms = win_.wait / n, wait_pct = 100.0 * win_.wait / 1e3 / win_.time;
+    const double pad_pct = win_.inputs > 0 ? 100.0 * win_.pad / win_.inputs : 0;
     if (win_.first_loss < 0) win_.first_loss = mean_loss;
     win_.last_loss = mean_loss;
-    win_.loss = win_.time = 0;
+    if (rank_ == 0) {
+      log::info(strf("step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step | data wait %.1f%%%s",
+                     (long long)step_, (long long)cfg_.train.max_steps, mean_loss, lr, gnorm, tps, step_ms, wait_pct,
+                     cfg_.data.mode == "bucketed" ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
+      nlohmann::json rec = {{"kind", "train"}, {"step", step_}, {"loss", mean_loss}, {"lr", lr},
+                            {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"tokens_per_s_rank", tps / world_},
+                            {"step_ms", step_ms}, {"data_wait_ms", wait_ms}, {"data_wait_pct", wait_pct},
+                            {"tokens", tokens_}, {"epoch", epoch()}, {"batch_hash", fs::hex64(batch_hash_)}};
+      if (cfg_.data.mode == "bucketed") rec["padding_pct"] = pad_pct;
+      metrics_->write(rec);
+    }
+    win_.loss = win_.time = win_.wait = win_.tokens = win_.pad = win_.inputs = 0;
     win_.steps = 0;
   }
 
@@ -365,6 +496,7 @@ class Trainer {
         continue;
       }
       const double mbps = r.write_ms > 0 ? r.mb / (r.write_ms / 1e3) : 0;
+      if (rank_ != 0) continue;
       log::info(strf("checkpoint %s: %.1f MB, blocked %.0f ms, written in %.0f ms (%.0f MB/s)%s", r.dir.c_str(),
                      r.mb, r.block_ms, r.write_ms, mbps, r.async ? ", async" : ""));
       metrics_->write({{"kind", "checkpoint"}, {"step", r.step}, {"dir", r.dir}, {"async", r.async},
@@ -373,8 +505,8 @@ class Trainer {
     }
   }
 
-  // Mean loss over eval.batches validation micro-batches, always the same ones (reader reset);
-  // with EMA also the loss of the EMA weights.
+  // Mean loss over eval.batches validation micro-batches, always the same ones (reader reset),
+  // split over the ranks; with EMA also the loss of the EMA weights.
   void evaluate() {
     auto mean_loss = [&] {
       torch::NoGradGuard ng;
@@ -383,10 +515,15 @@ class Trainer {
       std::vector<int64_t> buf;
       double total = 0;
       for (int64_t i = 0; i < cfg_.eval.batches; ++i) {
-        auto b = next_batch(*val_reader_, cfg_.train.micro_batch_size, cfg_.model.seq_len, buf, device_);
-        total += model_->loss(b.x, b.y).item<double>();
+        auto b = next_val_batch(*val_reader_, cfg_.train.micro_batch_size, cfg_.model.seq_len, buf, device_);
+        if (i % world_ == rank_) total += model_->loss(b.x, b.y).item<double>();
       }
       model_->train();
+      if (comm_) {
+        auto t = torch::tensor({total}, torch::kDouble);
+        comm_->all_reduce_sum(t, "all-reduce of the validation loss");
+        total = t.item<double>();
+      }
       return total / cfg_.eval.batches;
     };
     const double loss = mean_loss();
@@ -401,6 +538,7 @@ class Trainer {
       ema_text = strf(" | ema %.4f", rec["val_loss_ema"].get<double>());
     }
     val_loss_ = loss;
+    if (rank_ != 0) return;
     log::info(strf("step %6lld | val loss %.4f%s", (long long)step_, loss, ema_text.c_str()));
     metrics_->write(rec);
   }
@@ -413,21 +551,28 @@ class Trainer {
     sum.val_loss = val_loss_;
     sum.wall_s = seconds_since(t_start);
     sum.tokens_per_s = win_.timed_s > 0 ? win_.timed_tokens / win_.timed_s : 0;
-    log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s",
+    if (rank_ != 0) return sum;
+    const double pad_pct = win_.run_inputs > 0 ? 100.0 * win_.run_pad / win_.run_inputs : 0;
+    log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s",
                    (long long)sum.steps, sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss,
-                   sum.tokens_per_s));
-    fs::write_file_atomic(cfg_.run.dir + "/summary.json",
-                          nlohmann::json{{"steps", sum.steps}, {"first_loss", sum.first_loss},
-                                         {"last_loss", sum.last_loss}, {"val_loss", sum.val_loss},
-                                         {"tokens_per_s", sum.tokens_per_s}, {"wall_s", sum.wall_s}}
-                                  .dump(2) + "\n");
+                   sum.tokens_per_s, cfg_.data.mode == "bucketed" ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
+    nlohmann::json j{{"steps", sum.steps}, {"first_loss", sum.first_loss}, {"last_loss", sum.last_loss},
+                     {"val_loss", sum.val_loss}, {"tokens_per_s", sum.tokens_per_s}, {"wall_s", sum.wall_s},
+                     {"world_size", world_}};
+    if (cfg_.data.mode == "bucketed") j["padding_pct"] = pad_pct;
+    fs::write_file_atomic(cfg_.run.dir + "/summary.json", j.dump(2) + "\n");
     return sum;
   }
 
   ExperimentConfig cfg_;
   torch::Device device_;
+  LaunchEnv launch_;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<GradSync> grad_sync_;
   data::Manifest manifest_, val_manifest_;
-  std::unique_ptr<data::SequentialReader> train_reader_, val_reader_;
+  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<data::SequentialReader> val_reader_;
   int64_t vocab_ = 0;
   double flops_per_token_ = 0;
   GPT model_{nullptr};
@@ -439,6 +584,7 @@ class Trainer {
   CheckpointState resume_state_;
   std::unique_ptr<MetricsFile> metrics_;
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0;
+  uint64_t batch_hash_ = 0;
   double load_ms_ = 0, val_loss_ = -1;
   Windows win_;
 };
