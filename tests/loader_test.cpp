@@ -211,12 +211,12 @@ TEST(LoaderPackedTest, EveryTokenIsATargetOncePerEpochAcrossRanks) {
 
 // ---- determinism and resume --------------------------------------------------------------------
 
-struct Setup {
+struct Mode {
   DataConfig cfg;
   int64_t T, B;
 };
 
-std::vector<Setup> setups() {
+std::vector<Mode> setups() {
   DataConfig packed = config("packed"), fixed = config("bucketed"), budget = config("bucketed");
   for (DataConfig* c : {&packed, &fixed, &budget}) c->shuffle_buffer = 7;
   fixed.pad_multiple = 4;
@@ -228,7 +228,7 @@ std::vector<Setup> setups() {
 TEST(LoaderTest, SameSeedSameBatchesWhateverWorkersAndPrefetch) {
   TempDir tmp;
   Manifest m = make_dataset(tmp.path(), random_shards({8, 3, 12}, 0, 15, 11));
-  for (const Setup& s : setups()) {
+  for (const Mode& s : setups()) {
     auto run = [&](int64_t workers, int64_t prefetch, uint64_t seed) {
       DataConfig c = s.cfg;
       c.workers = workers, c.prefetch = prefetch;
@@ -251,7 +251,7 @@ TEST(LoaderTest, SameSeedSameBatchesWhateverWorkersAndPrefetch) {
 TEST(LoaderTest, ExactResumeAtEveryBatchBoundary) {
   TempDir tmp;
   Manifest m = make_dataset(tmp.path(), random_shards({5, 2, 9}, 0, 14, 12));
-  for (const Setup& s : setups()) {
+  for (const Mode& s : setups()) {
     for (int64_t workers : {1, 3}) {
       DataConfig c = s.cfg;
       c.workers = workers;
@@ -304,29 +304,37 @@ TEST(LoaderTest, WorldSizeChangeNeitherRepeatsNorSkips) {
   // 60 non-empty documents: 60 bucketed samples per epoch; packed windows sized to 60 too.
   auto shards = random_shards({20, 12, 28}, 1, 12, 13);
   Manifest m = make_dataset(tmp.path(), shards);
-  for (Setup s : setups()) {
+  auto sorted = [](std::vector<std::pair<int64_t, SampleOrigin>> v) {
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.second.shard, a.second.doc, a.second.offset) < std::tie(b.second.shard, b.second.doc, b.second.offset);
+    });
+    return v;
+  };
+  for (Mode s : setups()) {
     s.cfg.long_docs = "truncate";
     const int64_t B = std::max<int64_t>(s.B, 1);
-    int64_t T = s.T;
-    if (s.cfg.mode == "packed") {
-      T = static_cast<int64_t>((stream_of(shards, 256).size() - 1) / 60);
-      ASSERT_EQ((stream_of(shards, 256).size() - 1) / T, 60u);
-    }
-    std::string st0, st1;
-    auto whole = run_ranks(s.cfg, m, T, B, 1, "", 60, &st0);
-    std::sort(whole.begin(), whole.end(), [](auto& a, auto& b) { return std::tie(a.second.shard, a.second.doc, a.second.offset) < std::tie(b.second.shard, b.second.doc, b.second.offset); });
-    ASSERT_EQ(whole.size(), 60u);
-    for (int W2 : {1, 3}) {
-      // W=2 for 3 batches (12 samples with B=2), then W2 ranks to the end of the epoch.
-      auto seen = run_ranks(s.cfg, m, T, B, 2, "", s.cfg.token_budget ? 10 : 12, &st1);
-      auto rest = run_ranks(s.cfg, m, T, B, W2, st1, 60, &st0);
-      EXPECT_EQ(LoaderState::from_json(st0).cursor, 60u) << s.cfg.mode;
-      seen.insert(seen.end(), rest.begin(), rest.end());
-      std::sort(seen.begin(), seen.end(), [](auto& a, auto& b) { return std::tie(a.second.shard, a.second.doc, a.second.offset) < std::tie(b.second.shard, b.second.doc, b.second.offset); });
-      ASSERT_EQ(seen.size(), whole.size()) << s.cfg.mode << " W2=" << W2;
-      for (size_t i = 0; i < seen.size(); ++i) {
-        EXPECT_EQ(seen[i].first, 0) << s.cfg.mode;
-        EXPECT_TRUE(seen[i].second == whole[i].second) << s.cfg.mode << " W2=" << W2 << " sample " << i;
+    const int64_t T = s.cfg.mode == "packed" ? static_cast<int64_t>((stream_of(shards, 256).size() - 1) / 60) : s.T;
+    for (int64_t buffer : {7, 64}) {  // 64: the epoch is one block, resumed twice inside it
+      s.cfg.shuffle_buffer = buffer;
+      std::string st0, st1;
+      const auto whole = sorted(run_ranks(s.cfg, m, T, B, 1, "", 60, &st0));
+      ASSERT_EQ(whole.size(), 60u);
+      for (int W2 : {1, 3, 4}) {
+        // W=2 for 12 samples (3 fixed-size batches), then W2 ranks to the end of the epoch, saved
+        // and resumed once more on the way (W2=4: the new batch grid is not aligned with the old).
+        auto seen = run_ranks(s.cfg, m, T, B, 2, "", s.cfg.token_budget ? 10 : 12, &st1);
+        auto rest = run_ranks(s.cfg, m, T, B, W2, st1, 30, &st0);
+        seen.insert(seen.end(), rest.begin(), rest.end());
+        rest = run_ranks(s.cfg, m, T, B, W2, st0, 60, &st1);
+        seen.insert(seen.end(), rest.begin(), rest.end());
+        const std::string what = s.cfg.mode + " buffer " + std::to_string(buffer) + " W2=" + std::to_string(W2);
+        EXPECT_EQ(LoaderState::from_json(st1).cursor, 60u) << what;
+        seen = sorted(seen);
+        ASSERT_EQ(seen.size(), whole.size()) << what;
+        for (size_t i = 0; i < seen.size(); ++i) {
+          EXPECT_EQ(seen[i].first, 0) << what;
+          EXPECT_TRUE(seen[i].second == whole[i].second) << what << " sample " << i;
+        }
       }
     }
   }
@@ -338,7 +346,7 @@ TEST(LoaderTest, UnevenShardsStayBalancedAcrossRanks) {
   TempDir tmp;
   auto shards = random_shards({4, 40, 4, 3}, 1, 30, 17);  // one shard 10x the others
   Manifest m = make_dataset(tmp.path(), shards);
-  for (const Setup& s : setups()) {
+  for (const Mode& s : setups()) {
     const int W = 3;
     const int64_t T = 16, B = 3;
     std::vector<std::unique_ptr<Loader>> ranks;
@@ -350,9 +358,15 @@ TEST(LoaderTest, UnevenShardsStayBalancedAcrossRanks) {
       std::vector<Batch> b;
       for (auto& l : ranks) b.push_back(l->next());
       for (int r = 1; r < W; ++r) {
-        if (c.mode == "packed") EXPECT_EQ(b[r].target_tokens, b[0].target_tokens);
-        else EXPECT_LE(std::abs(b[r].target_tokens - b[r - 1].target_tokens), T) << "batch " << k;
-        if (c.token_budget == 0) EXPECT_EQ(b[r].rows, B);
+        if (c.mode == "packed") {
+          EXPECT_EQ(b[r].target_tokens, b[0].target_tokens);
+        } else {
+          EXPECT_LE(std::abs(b[r].target_tokens - b[r - 1].target_tokens), T) << "batch " << k;
+        }
+        if (c.token_budget == 0) {
+          EXPECT_EQ(b[r].rows, B);
+        }
+        EXPECT_GE(b[r].rows, 1);
       }
     }
   }
@@ -390,7 +404,9 @@ TEST(LoaderBucketedTest, RowsArePaddedAtTheirEndsWithinBudgetAndMultiple) {
           std::vector<int64_t> s(shards[o.shard][o.doc].begin(), shards[o.shard][o.doc].end());
           s.push_back(256);
           s = std::vector<int64_t>(s.begin() + o.offset, s.begin() + std::min<size_t>(s.size(), o.offset + T + 1));
-          if (long_docs == "truncate") EXPECT_EQ(o.offset, 0u);
+          if (long_docs == "truncate") {
+            EXPECT_EQ(o.offset, 0u);
+          }
           const int64_t n = static_cast<int64_t>(s.size()) - 1;
           longest = std::max(longest, n);
           real += n;
@@ -405,7 +421,9 @@ TEST(LoaderBucketedTest, RowsArePaddedAtTheirEndsWithinBudgetAndMultiple) {
       }
       // Every sample once; fixed-size batches may run a few samples into the next epoch.
       EXPECT_EQ(seen.size(), l.state().cursor);
-      if (budget) EXPECT_EQ(static_cast<int64_t>(l.state().cursor), samples) << "budget batches never cross a block";
+      if (budget) {
+        EXPECT_EQ(static_cast<int64_t>(l.state().cursor), samples) << "budget batches never cross a block";
+      }
       EXPECT_EQ(static_cast<int64_t>(std::set<std::tuple<uint32_t, uint64_t, uint64_t>>(seen.begin(), seen.end()).size()), samples);
     }
   }
@@ -418,13 +436,20 @@ TEST(LoaderBucketedTest, PadsLessThanRandomBatching) {
   const int64_t T = 256, B = 8;
   DataConfig c = config("bucketed");
   c.pad_multiple = 1;
-  c.shuffle_buffer = 128;
-  Loader l(c, m, "train", T, B, 0, 1, 6);
+  c.shuffle_buffer = 100;  // not a multiple of B: blocks begin and end inside batches
   int64_t pad = 0, real = 0;
-  for (int k = 0; k < 50; ++k) {
-    Batch b = l.next();
-    pad += b.pad_tokens, real += b.target_tokens;
-  }
+  auto run = [&](Loader& l, int batches) {
+    for (int k = 0; k < batches; ++k) {
+      Batch b = l.next();
+      pad += b.pad_tokens, real += b.target_tokens;
+    }
+  };
+  Loader l(c, m, "train", T, B, 0, 1, 6);
+  run(l, 5);
+  // A micro batch change (8 -> 6) moves the batch grid; batches stay bucketed on the new one.
+  Loader l2(c, m, "train", T, 6, 0, 1, 6);
+  l2.load_state(l.state());
+  run(l2, 60);
   // Random batches of the same documents.
   std::vector<int64_t> lens;
   for (auto& docs : shards)
@@ -436,7 +461,7 @@ TEST(LoaderBucketedTest, PadsLessThanRandomBatching) {
     for (size_t j = i; j < i + B; ++j) rpad += mx - lens[j], rreal += lens[j];
   }
   const double ours = double(pad) / (pad + real), random = double(rpad) / (rpad + rreal);
-  EXPECT_LT(ours, random / 4) << "bucketed pad fraction " << ours << " vs random " << random;
+  EXPECT_LT(ours, random / 6) << "bucketed pad fraction " << ours << " vs random " << random;
 }
 
 // ---- errors ------------------------------------------------------------------------------------
