@@ -1,6 +1,8 @@
 // Helpers shared by the test suites: temp directories, running real binaries, small corpora.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,9 +32,32 @@ struct RunResult {
 RunResult run_bin(const std::string& bin, const std::vector<std::string>& args,
                   const std::string& stdin_text = "");
 std::string bin_path(const std::string& name);
+
+// A child process started without a shell; stdout and stderr go to `log`.
+struct Proc {
+  int pid = -1;
+  std::string log;
+};
+// `env` entries ("NAME=value") are added to this process's environment.
+Proc spawn_bin(const std::string& bin, const std::vector<std::string>& args, const std::string& log,
+               const std::vector<std::string>& env = {});
+// Sends `sig` to p (no-op once it was waited for).
+void kill_proc(const Proc& p, int sig);
+// Waits up to timeout_s (then SIGKILLs it) and returns the exit code, or 128+signal.
+int wait_proc(Proc& p, double timeout_s = 300);
+// Polls `done` until it returns true (then true), or until `p` exited or timeout_s passed (false).
+bool wait_until(const Proc& p, const std::function<bool()>& done, double timeout_s = 60);
+// The largest "step" of the train records in a metrics.jsonl (0 when none).
+int64_t last_train_step(const std::string& metrics_path);
 std::string source_path(const std::string& rel);
 void write_text(const std::string& path, const std::string& text);
 std::string read_text(const std::string& path);
+// A free TCP port on 127.0.0.1 (bound and released).
+int free_port();
+// Runs `prep` on synthetic_corpus(lines) with the bytes tokenizer into DIR/data; returns that path.
+std::string make_bytes_dataset(const std::string& dir, int lines = 3000);
+// metrics.jsonl records of one kind ("train", "val", ...).
+std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind);
 // A small deterministic English-like corpus of `lines` lines (one document per line).
 std::string synthetic_corpus(int lines, unsigned seed = 1);
 
