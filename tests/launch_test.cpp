@@ -1,0 +1,663 @@
+// Tests of build/bin/launch in real processes: the worker environment, output prefixing and
+// per-rank logs, group restarts, exit codes and the failure summary, signal forwarding with the
+// grace period, --standalone, two "nodes" over loopback, bad input, and a cross-check of the
+// environment against the real torchrun (Debian's python3-torch) when it is installed.
+// Workers are build/bin/launch_fake_worker (tests/fake_worker.cpp) or small shell scripts.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/testutil.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using lm::test::bin_path;
+using lm::test::read_text;
+using lm::test::RunResult;
+using lm::test::TempDir;
+using lm::test::write_text;
+using Clock = std::chrono::steady_clock;
+
+const std::string kWorker = bin_path("launch_fake_worker");
+
+// A port nobody listens on right now (bound to 127.0.0.1:0, then released).
+int unused_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// `launch ARGS` without OMP_NUM_THREADS in its environment (plus `env` entries), stdout+stderr.
+RunResult launch(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  std::vector<std::string> a = {"-u", "OMP_NUM_THREADS"};
+  a.insert(a.end(), env.begin(), env.end());
+  a.push_back(bin_path("launch"));
+  a.insert(a.end(), args.begin(), args.end());
+  return lm::test::run_bin("/usr/bin/env", a);
+}
+
+// A launch process running in the background; stdout and stderr to files (one file if the same).
+struct Child {
+  pid_t pid = -1;
+  std::string out, err;
+};
+
+Child start(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<std::string> argv = {bin_path("launch")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
+  cargv.push_back(nullptr);
+  Child c{-1, out, err};
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    int in = ::open("/dev/null", O_RDONLY);
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = err == out ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(in, 0);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    ::unsetenv("OMP_NUM_THREADS");
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  return c;
+}
+
+// Exit code (128+signal if killed); SIGKILLs the child and returns -1 after `timeout_s`.
+int finish(Child& c, double timeout_s = 60) {
+  auto t0 = Clock::now();
+  while (true) {
+    int st = 0;
+    pid_t r = ::waitpid(c.pid, &st, WNOHANG);
+    if (r == c.pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+bool wait_until_count(const std::string& path, const std::string& what, size_t n, double timeout_s = 20) {
+  auto t0 = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < timeout_s) {
+    if (count(read_text(path), what) >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// rank -> (NAME -> value) from "[rank<r>]: ENV NAME=value" lines.
+std::map<int, std::map<std::string, std::string>> envs_by_rank(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> m;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    int rank;
+    char rest[4096];
+    if (std::sscanf(line.c_str(), "[rank%d]: ENV %4095[^\n]", &rank, rest) != 2) continue;
+    std::string kv = rest;
+    auto eq = kv.find('=');
+    m[rank][kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return m;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> v;
+  std::istringstream in(text);
+  std::string l;
+  while (std::getline(in, l)) v.push_back(l);
+  return v;
+}
+
+bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+// The pids a fake worker printed ("worker rank=R local_rank=L attempt=A pid=P").
+std::map<int, pid_t> worker_pids(const std::string& out) {
+  std::map<int, pid_t> m;
+  for (auto& l : lines_of(out)) {
+    auto p = l.find("worker rank=");
+    if (p == std::string::npos) continue;
+    int rank, local, attempt, pid;
+    if (std::sscanf(l.c_str() + p, "worker rank=%d local_rank=%d attempt=%d pid=%d", &rank, &local, &attempt, &pid) == 4)
+      m[rank] = pid;
+  }
+  return m;
+}
+
+// ---- the environment contract ---------------------------------------------------------------
+
+TEST(Launch, EnvContractPerRank) {
+  TempDir tmp;
+  auto r = launch({"--nproc-per-node", "3", "--standalone", "--run-id", "envrun", "--log-dir", tmp / "logs",
+                   "--role", "trainer", "--max-restarts", "2", "--", kWorker, "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto envs = envs_by_rank(r.out);
+  ASSERT_EQ(envs.size(), 3u) << r.out;
+  std::string port;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto& e = envs[rank];
+    EXPECT_EQ(e["RANK"], std::to_string(rank));
+    EXPECT_EQ(e["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(e["WORLD_SIZE"], "3");
+    EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["GROUP_RANK"], "0");
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(e["ROLE_RANK"], std::to_string(rank));
+    EXPECT_EQ(e["ROLE_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["ROLE_NAME"], "trainer");
+    EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "2");
+    EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], "envrun");
+    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    EXPECT_EQ(e["OMP_NUM_THREADS"], "1");  // unset in launch's environment, 3 workers
+    EXPECT_FALSE(e["MASTER_PORT"].empty());
+    if (rank == 0) port = e["MASTER_PORT"];
+    EXPECT_EQ(e["MASTER_PORT"], port);
+  }
+}
+
+TEST(Launch, UnderscoreSpellingsWithoutDoubleDash) {
+  TempDir tmp;
+  int port = unused_port();
+  auto r = launch({"--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0", "--master_addr", "127.0.0.1",
+                   "--master_port", std::to_string(port), "--max_restarts", "1", "--log_dir", tmp / "logs",
+                   "--run_id", "under", "--grace_period", "1", "--monitor_interval", "0.1", "--no_python", kWorker,
+                   "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto envs = envs_by_rank(r.out);
+  ASSERT_EQ(envs.size(), 2u) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(envs[rank]["RANK"], std::to_string(rank));
+    EXPECT_EQ(envs[rank]["MASTER_PORT"], std::to_string(port));
+    EXPECT_EQ(envs[rank]["TORCHELASTIC_MAX_RESTARTS"], "1");
+    EXPECT_EQ(envs[rank]["TORCHELASTIC_RUN_ID"], "under");
+  }
+  EXPECT_TRUE(fs::exists(tmp / "logs/under/attempt_0/rank_1.log"));
+  // Arguments after COMMAND belong to it, even when they look like launch options.
+  auto r2 = launch({"--standalone", "--log-dir", tmp / "logs", kWorker, "--print-env", "--nproc-per-node", "2"});
+  EXPECT_EQ(r2.exit_code, 64) << r2.out;  // the fake worker rejects the unknown argument
+}
+
+TEST(Launch, OmpNumThreadsRule) {
+  TempDir tmp;
+  auto one = launch({"--standalone", "--log-dir", tmp / "logs", "--", kWorker, "--print-env"});
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  EXPECT_EQ(envs_by_rank(one.out)[0].count("OMP_NUM_THREADS"), 0u) << "one worker: left unset";
+  auto kept = launch({"--standalone", "--nproc-per-node", "2", "--log-dir", tmp / "logs", "--", kWorker, "--print-env"},
+                     {"OMP_NUM_THREADS=7"});
+  ASSERT_EQ(kept.exit_code, 0) << kept.out;
+  auto envs = envs_by_rank(kept.out);
+  EXPECT_EQ(envs[0]["OMP_NUM_THREADS"], "7");
+  EXPECT_EQ(envs[1]["OMP_NUM_THREADS"], "7");
+}
+
+// ---- output ---------------------------------------------------------------------------------------
+
+TEST(Launch, OutputPrefixedAndLoggedPerRank) {
+  TempDir tmp;
+  Child c = start({"--standalone", "--nproc-per-node", "2", "--run-id", "out", "--log-dir", tmp / "logs", "--",
+                   kWorker, "--lines", "3"},
+                  tmp / "stdout", tmp / "stderr");
+  ASSERT_EQ(finish(c), 0) << read_text(tmp / "stderr");
+  std::string out = read_text(tmp / "stdout"), err = read_text(tmp / "stderr");
+  for (int r = 0; r < 2; ++r) {
+    std::string p = "[rank" + std::to_string(r) + "]: ";
+    EXPECT_NE(out.find(p + "worker rank=" + std::to_string(r)), std::string::npos) << out;
+    EXPECT_NE(out.find(p + "line 3\n"), std::string::npos) << out;
+    EXPECT_EQ(out.find(p + "stderr of rank"), std::string::npos) << "stderr lines stay on stderr";
+    EXPECT_NE(err.find(p + "stderr of rank " + std::to_string(r)), std::string::npos) << err;
+    std::string log = read_text(tmp / ("logs/out/attempt_0/rank_" + std::to_string(r) + ".log"));
+    EXPECT_NE(log.find("worker rank=" + std::to_string(r)), std::string::npos) << log;
+    EXPECT_NE(log.find("stderr of rank " + std::to_string(r)), std::string::npos) << log;
+    // stdout lines in order (the stderr line may fall between them: two pipes)
+    EXPECT_LT(log.find("line 1\n"), log.find("line 2\n")) << log;
+    EXPECT_LT(log.find("line 2\n"), log.find("line 3\n")) << log;
+    EXPECT_NE(log.find("line 3\n"), std::string::npos) << log;
+    EXPECT_EQ(log.find("[rank"), std::string::npos) << "logs are unprefixed";
+  }
+  for (auto& l : lines_of(out)) EXPECT_EQ(l.rfind("[rank", 0), 0u) << "unprefixed stdout line: " << l;
+}
+
+// ---- failures and restarts ------------------------------------------------------------------------
+
+TEST(Launch, FailedWorkerRestartsGroupThenSucceeds) {
+  TempDir tmp;
+  auto t0 = Clock::now();
+  // Attempt 0: rank 1 exits 3 while rank 0 sleeps 30 s (stopped with SIGTERM); attempt 1 succeeds.
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--run-id", "rs", "--log-dir",
+                   tmp / "logs", "--grace-period", "5", "--", kWorker, "--print-env", "--fail-rank", "1",
+                   "--fail-attempt", "0", "--exit-code", "3", "--sleep", "30", "--sleep-attempt", "0"});
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_LT(secs, 20) << "the sleeping rank was not stopped";
+  EXPECT_NE(r.out.find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attempt 0 failed: rank 1 (node 0) exited with code 3"), std::string::npos) << r.out;
+  EXPECT_NE(read_text(tmp / "logs/rs/attempt_0/rank_0.log").find("rank 0 got SIGTERM"), std::string::npos);
+  EXPECT_EQ(count(r.out, "ENV TORCHELASTIC_RESTART_COUNT=0"), 2u) << r.out;
+  EXPECT_EQ(count(r.out, "ENV TORCHELASTIC_RESTART_COUNT=1"), 2u) << r.out;
+  EXPECT_EQ(count(r.out, "ENV TORCHELASTIC_RESTART_COUNT=2"), 0u) << r.out;
+  EXPECT_TRUE(fs::exists(tmp / "logs/rs/attempt_1/rank_0.log"));
+  EXPECT_TRUE(fs::exists(tmp / "logs/rs/attempt_1/rank_1.log"));
+}
+
+TEST(Launch, PastMaxRestartsExitCodeAndSummary) {
+  TempDir tmp;
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "pm", "--log-dir",
+                   tmp / "logs", "--", kWorker, "--lines", "15", "--fail-rank", "1", "--exit-code", "7"});
+  EXPECT_EQ(r.exit_code, 7) << r.out;
+  EXPECT_EQ(count(r.out, "[rank1]: worker rank=1 local_rank=1 attempt="), 2u) << "one restart: " << r.out;
+  EXPECT_NE(r.out.find("worker group failed on attempt 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 (node 0, local rank 1, pid "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("exited with code 7"), std::string::npos) << r.out;
+  auto summary = r.out.substr(r.out.find("worker group failed"));
+  EXPECT_NE(summary.find("pm/attempt_1/rank_1.log"), std::string::npos) << summary;
+  // The tail: 10 lines; the worker's one stderr line may land anywhere among its stdout lines.
+  EXPECT_EQ(count(summary, "launch:     | "), 10u) << summary;
+  for (int i = 7; i <= 15; ++i) EXPECT_NE(summary.find("| line " + std::to_string(i) + "\n"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("| line 5\n"), std::string::npos) << summary;
+}
+
+TEST(Launch, KilledWorkerReportedBySignalName) {
+  TempDir tmp;
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--log-dir", tmp / "logs", "--", kWorker, "--fail-rank", "0",
+                   "--signal", std::to_string(SIGKILL), "--sleep", "30"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.out;
+  EXPECT_NE(r.out.find("rank 0 (node 0, local rank 0, pid "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("was killed by SIGKILL"), std::string::npos) << r.out;
+  auto segv = launch({"--standalone", "--log-dir", tmp / "logs", "--", kWorker, "--fail-rank", "0", "--signal",
+                      std::to_string(SIGSEGV)});
+  EXPECT_EQ(segv.exit_code, 128 + SIGSEGV) << segv.out;
+  EXPECT_NE(segv.out.find("was killed by SIGSEGV"), std::string::npos) << segv.out;
+}
+
+// ---- signals --------------------------------------------------------------------------------------
+
+TEST(Launch, SigtermForwardedThenSigkillAfterGrace) {
+  TempDir tmp;
+  // Rank 0 ignores SIGTERM (needs the SIGKILL), rank 1 exits on it.
+  Child c = start({"--standalone", "--nproc-per-node", "2", "--run-id", "sig", "--log-dir", tmp / "logs",
+                   "--grace-period", "1", "--", kWorker, "--sleep", "60", "--ignore-term", "--ignore-rank", "0"},
+                  tmp / "stdout", tmp / "stderr");
+  ASSERT_TRUE(wait_until_count(tmp / "stdout", "worker rank=", 2)) << read_text(tmp / "stderr");
+  auto pids = worker_pids(read_text(tmp / "stdout"));
+  ASSERT_EQ(pids.size(), 2u);
+  auto t0 = Clock::now();
+  ::kill(c.pid, SIGTERM);
+  int code = finish(c, 30);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(code, 128 + SIGTERM) << read_text(tmp / "stderr");
+  EXPECT_GE(secs, 0.9) << "rank 0 ignores SIGTERM: launch waits the grace period";
+  EXPECT_LT(secs, 10);
+  std::string out = read_text(tmp / "stdout");
+  EXPECT_NE(out.find("[rank1]: rank 1 got SIGTERM"), std::string::npos) << out;
+  EXPECT_EQ(out.find("rank 0 got"), std::string::npos) << out;
+  for (auto& [rank, pid] : pids) EXPECT_FALSE(process_exists(pid)) << "rank " << rank << " survived";
+  EXPECT_NE(read_text(tmp / "stderr").find("SIGTERM received"), std::string::npos);
+}
+
+TEST(Launch, SigintForwarded) {
+  TempDir tmp;
+  Child c = start({"--standalone", "--nproc-per-node", "2", "--log-dir", tmp / "logs", "--grace-period", "20", "--",
+                   kWorker, "--sleep", "60"},
+                  tmp / "stdout", tmp / "stderr");
+  ASSERT_TRUE(wait_until_count(tmp / "stdout", "worker rank=", 2)) << read_text(tmp / "stderr");
+  auto t0 = Clock::now();
+  ::kill(c.pid, SIGINT);
+  EXPECT_EQ(finish(c, 30), 128 + SIGINT);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10) << "workers exit on SIGINT: no grace wait";
+  std::string out = read_text(tmp / "stdout");
+  EXPECT_NE(out.find("[rank0]: rank 0 got SIGINT"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank1]: rank 1 got SIGINT"), std::string::npos) << out;
+}
+
+// ---- rendezvous -----------------------------------------------------------------------------------
+
+TEST(Launch, StandalonePicksFreePortAndHostsStore) {
+  TempDir tmp;
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--log-dir", tmp / "logs", "--", kWorker, "--print-env",
+                   "--connect"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto envs = envs_by_rank(r.out);
+  int port = std::atoi(envs[0]["MASTER_PORT"].c_str());
+  EXPECT_GT(port, 0);
+  EXPECT_NE(port, 29500);
+  EXPECT_EQ(envs[0]["TORCHELASTIC_RUN_ID"].size(), 16u) << "a random run id";
+  EXPECT_EQ(count(r.out, "connect ok"), 2u) << "the store listens at MASTER_ADDR:MASTER_PORT: " << r.out;
+  // Two standalone launches at once do not collide.
+  Child a = start({"--standalone", "--log-dir", tmp / "logs", "--", kWorker, "--sleep", "0.5", "--print-env"},
+                  tmp / "a.out", tmp / "a.err");
+  Child b = start({"--standalone", "--log-dir", tmp / "logs", "--", kWorker, "--sleep", "0.5", "--print-env"},
+                  tmp / "b.out", tmp / "b.err");
+  EXPECT_EQ(finish(a), 0) << read_text(tmp / "a.err");
+  EXPECT_EQ(finish(b), 0) << read_text(tmp / "b.err");
+  EXPECT_NE(envs_by_rank(read_text(tmp / "a.out"))[0]["MASTER_PORT"],
+            envs_by_rank(read_text(tmp / "b.out"))[0]["MASTER_PORT"]);
+}
+
+// Two launch processes as node 0 and node 1 of one job over loopback.
+struct TwoNodes {
+  Child node[2];
+  int code[2] = {-1, -1};
+  std::string out[2];
+};
+
+TwoNodes run_two_nodes(const TempDir& tmp, const std::string& run_id, const std::vector<std::string>& extra,
+                       const std::vector<std::string>& worker) {
+  int port = unused_port();
+  TwoNodes t;
+  for (int k : {1, 0}) {  // node 1 first: it waits for node 0's store
+    std::vector<std::string> args = {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1",
+                                     "--master-port", std::to_string(port), "--run-id", run_id, "--log-dir",
+                                     tmp / "logs", "--monitor-interval", "0.1", "--grace-period", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("--");
+    args.insert(args.end(), worker.begin(), worker.end());
+    t.node[k] = start(args, tmp / (run_id + "_node" + std::to_string(k) + ".out"),
+                      tmp / (run_id + "_node" + std::to_string(k) + ".out"));
+    if (k == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  for (int k = 0; k < 2; ++k) {
+    t.code[k] = finish(t.node[k], 60);
+    t.out[k] = read_text(t.node[k].out);
+  }
+  return t;
+}
+
+TEST(Launch, TwoNodesLoopbackRanks) {
+  TempDir tmp;
+  auto t = run_two_nodes(tmp, "two", {"--nproc-per-node", "2"}, {kWorker, "--print-env"});
+  ASSERT_EQ(t.code[0], 0) << t.out[0];
+  ASSERT_EQ(t.code[1], 0) << t.out[1];
+  std::set<int> ranks;
+  for (int k = 0; k < 2; ++k) {
+    auto envs = envs_by_rank(t.out[k]);
+    ASSERT_EQ(envs.size(), 2u) << t.out[k];
+    for (auto& [rank, e] : envs) {
+      ranks.insert(rank);
+      EXPECT_EQ(e["RANK"], std::to_string(rank));
+      EXPECT_EQ(rank / 2, k) << "node k holds ranks 2k, 2k+1";
+      EXPECT_EQ(e["LOCAL_RANK"], std::to_string(rank % 2));
+      EXPECT_EQ(e["WORLD_SIZE"], "4");
+      EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "2");
+      EXPECT_EQ(e["GROUP_RANK"], std::to_string(k));
+      EXPECT_EQ(e["GROUP_WORLD_SIZE"], "2");
+      EXPECT_EQ(e["ROLE_RANK"], std::to_string(rank));
+      EXPECT_EQ(e["ROLE_WORLD_SIZE"], "4");
+      EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], "two");
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(fs::exists(tmp / ("logs/two/attempt_0/rank_" + std::to_string(r) + ".log"))) << r;
+}
+
+TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
+  TempDir tmp;
+  int port = unused_port();
+  auto common = [&](int k, int nproc) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node",
+                                    std::to_string(nproc), "--master-port", std::to_string(port), "--log-dir",
+                                    tmp / "logs", "--monitor-interval", "0.1", "--", kWorker, "--print-env"};
+  };
+  Child n1 = start(common(1, 2), tmp / "n1", tmp / "n1");
+  Child n0 = start(common(0, 1), tmp / "n0", tmp / "n0");
+  ASSERT_EQ(finish(n0), 0) << read_text(tmp / "n0");
+  ASSERT_EQ(finish(n1), 0) << read_text(tmp / "n1");
+  auto e0 = envs_by_rank(read_text(tmp / "n0")), e1 = envs_by_rank(read_text(tmp / "n1"));
+  ASSERT_EQ(e0.size(), 1u);
+  ASSERT_EQ(e1.size(), 2u);
+  EXPECT_EQ(e0[0]["WORLD_SIZE"], "3");
+  EXPECT_EQ(e1[1]["LOCAL_RANK"], "0");
+  EXPECT_EQ(e1[2]["LOCAL_RANK"], "1");
+  EXPECT_EQ(e1[2]["WORLD_SIZE"], "3");
+}
+
+TEST(Launch, TwoNodesFailureOnOneRestartsBoth) {
+  TempDir tmp;
+  // Attempt 0: rank 3 (node 1) exits 5; the others sleep 30 s and must be stopped on both nodes.
+  auto t = run_two_nodes(tmp, "fail", {"--nproc-per-node", "2", "--max-restarts", "1"},
+                         {kWorker, "--print-env", "--fail-rank", "3", "--fail-attempt", "0", "--exit-code", "5",
+                          "--sleep", "30", "--sleep-attempt", "0"});
+  ASSERT_EQ(t.code[0], 0) << t.out[0];
+  ASSERT_EQ(t.code[1], 0) << t.out[1];
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(t.out[k].find("attempt 0 failed: rank 3 (node 1) exited with code 5"), std::string::npos) << t.out[k];
+    EXPECT_EQ(count(t.out[k], "ENV TORCHELASTIC_RESTART_COUNT=1"), 2u) << t.out[k];
+  }
+  EXPECT_NE(t.out[0].find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << t.out[0];
+  EXPECT_NE(t.out[0].find("[rank1]: rank 1 got SIGTERM"), std::string::npos) << t.out[0];
+  EXPECT_NE(t.out[1].find("[rank2]: rank 2 got SIGTERM"), std::string::npos) << t.out[1];
+}
+
+TEST(Launch, TwoNodesPastMaxRestartsBothExitWithWorkerCode) {
+  TempDir tmp;
+  auto t = run_two_nodes(tmp, "dead", {"--nproc-per-node", "1", "--max-restarts", "1"},
+                         {kWorker, "--fail-rank", "1", "--exit-code", "9", "--sleep", "30"});
+  EXPECT_EQ(t.code[0], 9) << t.out[0];
+  EXPECT_EQ(t.code[1], 9) << t.out[1];
+  for (int k = 0; k < 2; ++k)
+    EXPECT_NE(t.out[k].find("rank 1 (node 1, local rank 0, pid "), std::string::npos) << t.out[k];
+  EXPECT_NE(t.out[1].find("last 2 line(s) of"), std::string::npos) << "the failing node shows the log tail";
+}
+
+TEST(Launch, TwoNodesFinishedNodeRestartsWhenOtherFails) {
+  TempDir tmp;
+  // Attempt 0: node 0's worker exits 0 at once; node 1's fails 1 s later. The group restarts on
+  // both nodes: a finished node waits for the others and joins the restart.
+  auto t = run_two_nodes(tmp, "late", {"--nproc-per-node", "1", "--max-restarts", "1"},
+                         {kWorker, "--print-env", "--fail-rank", "1", "--fail-attempt", "0", "--fail-after", "1",
+                          "--exit-code", "4"});
+  ASSERT_EQ(t.code[0], 0) << t.out[0];
+  ASSERT_EQ(t.code[1], 0) << t.out[1];
+  EXPECT_NE(t.out[0].find("waiting for the other nodes"), std::string::npos) << t.out[0];
+  EXPECT_NE(t.out[0].find("attempt 0 failed: rank 1 (node 1) exited with code 4"), std::string::npos) << t.out[0];
+  EXPECT_EQ(count(t.out[0], "ENV TORCHELASTIC_RESTART_COUNT=1"), 1u) << t.out[0];
+  EXPECT_EQ(count(t.out[1], "ENV TORCHELASTIC_RESTART_COUNT=1"), 1u) << t.out[1];
+}
+
+TEST(Launch, TwoNodesSigtermOnOneStopsBoth) {
+  TempDir tmp;
+  int port = unused_port();
+  Child node[2];
+  for (int k : {0, 1})
+    node[k] = start({"--nnodes", "2", "--node-rank", std::to_string(k), "--master-port", std::to_string(port),
+                     "--log-dir", tmp / "logs", "--monitor-interval", "0.1", "--grace-period", "2", "--", kWorker,
+                     "--sleep", "60"},
+                    tmp / ("node" + std::to_string(k)), tmp / ("node" + std::to_string(k)));
+  for (int k : {0, 1})
+    ASSERT_TRUE(wait_until_count(tmp / ("node" + std::to_string(k)), "worker rank=", 1)) << read_text(tmp / "node0");
+  ::kill(node[1].pid, SIGTERM);
+  EXPECT_EQ(finish(node[1], 30), 128 + SIGTERM) << read_text(tmp / "node1");
+  EXPECT_EQ(finish(node[0], 30), 128 + SIGTERM) << read_text(tmp / "node0");
+  EXPECT_NE(read_text(tmp / "node0").find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << read_text(tmp / "node0");
+  EXPECT_NE(read_text(tmp / "node0").find("node 1 received SIGTERM"), std::string::npos) << read_text(tmp / "node0");
+  EXPECT_NE(read_text(tmp / "node1").find("[rank1]: rank 1 got SIGTERM"), std::string::npos) << read_text(tmp / "node1");
+}
+
+TEST(Launch, RendezvousTimeoutNamesMissingNode) {
+  TempDir tmp;
+  auto r = launch({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(unused_port()),
+                   "--rdzv-timeout", "1", "--log-dir", tmp / "logs", "--", kWorker});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("waiting for node(s) 1"), std::string::npos) << r.out;
+}
+
+// Real c10d clients: torch.distributed's env:// rendezvous in workers on two "nodes" connects to
+// the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, prefix /worker/attempt_<n>), runs a gloo
+// all-reduce, and does so again after a restart of the whole group.
+TEST(Launch, RealTorchWorkersAllReduceAcrossNodesAndRestart) {
+  if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed"}).exit_code != 0)
+    GTEST_SKIP() << "no torch for /usr/bin/python3";
+  TempDir tmp;
+  write_text(tmp / "w.py",
+             "import os, sys, torch, torch.distributed as dist\n"
+             "dist.init_process_group('gloo')\n"
+             "rank, world = dist.get_rank(), dist.get_world_size()\n"
+             "t = torch.tensor([rank + 1.0])\n"
+             "dist.all_reduce(t)\n"
+             "attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+             "print(f'sum={t.item()} rank={rank} world={world} attempt={attempt}', flush=True)\n"
+             "dist.destroy_process_group()\n"
+             "sys.exit(3 if attempt == 0 and rank == 1 else 0)\n");
+  auto t = run_two_nodes(tmp, "torch", {"--nproc-per-node", "1", "--max-restarts", "1"},
+                         {"/usr/bin/python3", tmp / "w.py"});
+  ASSERT_EQ(t.code[0], 0) << t.out[0];
+  ASSERT_EQ(t.code[1], 0) << t.out[1];
+  for (int attempt : {0, 1}) {
+    EXPECT_NE(t.out[0].find("[rank0]: sum=3.0 rank=0 world=2 attempt=" + std::to_string(attempt)), std::string::npos)
+        << t.out[0];
+    EXPECT_NE(t.out[1].find("[rank1]: sum=3.0 rank=1 world=2 attempt=" + std::to_string(attempt)), std::string::npos)
+        << t.out[1];
+  }
+  EXPECT_NE(t.out[0].find("attempt 0 failed: rank 1 (node 1) exited with code 3"), std::string::npos) << t.out[0];
+}
+
+// ---- bad input --------------------------------------------------------------------------------------
+
+TEST(Launch, BadInputOneLineExit2) {
+  TempDir tmp;
+  const std::string ld = tmp / "logs";
+  const std::vector<std::vector<std::string>> cases = {
+      {},                                                      // no command
+      {"--log-dir", ld, "--"},                                 // no command after --
+      {"--nproc-per-node", "0", kWorker},                      // nproc 0
+      {"--nproc_per_node", "two", kWorker},                    // not a number
+      {"--nnodes", "2", "--node-rank", "2", kWorker},          // node rank out of range
+      {"--node-rank", "-1", kWorker},                          // negative node rank
+      {"--bogus", kWorker},                                    // unknown option
+      {"--max-restarts", "-1", kWorker},                       // negative restarts
+      {"--master-port", "70000", kWorker},                     // port out of range
+      {"--standalone", "--nnodes", "2", kWorker},              // standalone is one node
+      {"--nnodes", "1:4", kWorker},                            // elastic range
+      {"--grace-period", "soon", kWorker},                     // CLI11 conversion error
+      {"--nproc-per-node"},                                    // CLI11: value missing
+      {"--log-dir", ld, "no_such_command_xyz"},                // command not found
+      {"--log-dir", "/proc/launch_test", kWorker},             // log dir not creatable
+  };
+  std::vector<std::future<RunResult>> runs;  // in parallel: each launch spends ~0.4 s loading LibTorch
+  for (auto& args : cases) runs.push_back(std::async(std::launch::async, [&args] { return launch(args); }));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& args = cases[i];
+    auto r = runs[i].get();
+    std::string shown;
+    for (auto& a : args) shown += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << shown << "\n" << r.out;
+    auto lines = lines_of(r.out);
+    EXPECT_EQ(lines.size(), 1u) << shown << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("launch: error: ", 0), 0u) << shown << "\n" << r.out;
+  }
+}
+
+TEST(Launch, PortInUseOnNode0) {
+  TempDir tmp;
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  auto r = launch({"--master-port", std::to_string(port), "--log-dir", tmp / "logs", "--", kWorker});
+  ::close(s);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 1u) << r.out;
+  EXPECT_NE(r.out.find("--master-port " + std::to_string(port) + " is already in use"), std::string::npos) << r.out;
+}
+
+TEST(Launch, HelpExitsZero) {
+  auto r = launch({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* opt : {"--nproc-per-node,--nproc_per_node", "--nnodes", "--node-rank,--node_rank",
+                          "--master-addr", "--master-port", "--max-restarts", "--log-dir", "--standalone", "--run-id",
+                          "--grace-period", "--monitor-interval"})
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+}
+
+// ---- the real torchrun ------------------------------------------------------------------------------
+
+// Names of the variables a worker sees that were not in the (empty) environment launch got.
+std::set<std::string> added_names(const std::string& env_file) {
+  std::set<std::string> names;
+  for (auto& l : lines_of(read_text(env_file))) names.insert(l.substr(0, l.find('=')));
+  for (const char* parent : {"PATH", "PWD", "SHLVL", "_"}) names.erase(parent);
+  return names;
+}
+
+TEST(Launch, SameVariablesAsTorchrun) {
+  if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed.run"}).exit_code != 0)
+    GTEST_SKIP() << "no torch for /usr/bin/python3";
+  TempDir tmp;
+  write_text(tmp / "env.sh", "#!/bin/sh\nenv > \"" + tmp.path() + "/$WHO.$RANK.env\"\n");
+  fs::permissions(tmp / "env.sh", fs::perms::owner_all);
+  // --redirects/--tee: torchrun 1.13's default "0" trips over Python 3.11's enum.IntFlag.
+  auto tr = lm::test::run_bin("/usr/bin/env", {"-i", "PATH=/usr/bin:/bin", "WHO=torchrun", "/usr/bin/python3", "-m",
+                                               "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                                               std::to_string(unused_port()), "--monitor_interval", "0.2",
+                                               "--redirects", "1:1", "--tee", "1:1", "--no_python", tmp / "env.sh"});
+  ASSERT_EQ(tr.exit_code, 0) << tr.out;
+  auto ours = lm::test::run_bin("/usr/bin/env", {"-i", "PATH=/usr/bin:/bin", "WHO=launch", bin_path("launch"),
+                                                 "--nproc_per_node", "2", "--master_port",
+                                                 std::to_string(unused_port()), "--log_dir", tmp / "logs",
+                                                 "--no_python", tmp / "env.sh"});
+  ASSERT_EQ(ours.exit_code, 0) << ours.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto theirs = added_names(tmp / ("torchrun." + std::to_string(rank) + ".env"));
+    theirs.erase("TORCHELASTIC_ERROR_FILE");  // torchrun's Python error-file protocol (@record)
+    theirs.erase("LC_CTYPE");                 // Python's C-locale coercion, not torchrun
+    auto mine = added_names(tmp / ("launch." + std::to_string(rank) + ".env"));
+    EXPECT_EQ(mine, theirs) << "rank " << rank;
+    EXPECT_TRUE(mine.count("TORCHELASTIC_USE_AGENT_STORE")) << "rank " << rank;
+    // Values that do not depend on ports or temp dirs agree too.
+    auto values = [](const std::string& file) {
+      std::map<std::string, std::string> m;
+      for (auto& l : lines_of(read_text(file))) m[l.substr(0, l.find('='))] = l.substr(l.find('=') + 1);
+      return m;
+    };
+    auto tv = values(tmp / ("torchrun." + std::to_string(rank) + ".env"));
+    auto mv = values(tmp / ("launch." + std::to_string(rank) + ".env"));
+    for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                          "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT",
+                          "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                          "OMP_NUM_THREADS"})
+      EXPECT_EQ(mv[k], tv[k]) << k << " rank " << rank;
+  }
+}
+
+}  // namespace
