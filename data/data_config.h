@@ -20,6 +20,7 @@ struct DataConfig {
   int64_t pad_multiple = 8;          // bucketed: pad a batch's length up to a multiple of this (1 = none)
   int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this
   std::string verify = "lazy";       // shard checksums: lazy (first open) | full (all at start)
+  bool reuse_batch = false;          // benchmark only: every step re-trains the first batches (no reading)
 };
 
 }  // namespace lm

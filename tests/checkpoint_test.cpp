@@ -141,3 +141,31 @@ TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
 
 }  // namespace
 }  // namespace lm
+
+namespace lm {
+namespace {
+
+TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
+  test::TempDir run;
+  CheckpointConfig cfg;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  auto st = make_state(1, 1.0f);
+  st.ema = {{"w", torch::ones({4, 4})}};
+  ck.save(st);
+  const std::string dir = run / "checkpoints/step_00000001";
+  for (const auto& name : names(dir)) {
+    if (name == "manifest.json") continue;
+    const std::string path = dir + "/" + name;
+    const std::string orig = test::read_text(path);
+    std::string bad = orig;
+    bad[bad.size() / 2] ^= 0x01;
+    test::write_text(path, bad);
+    EXPECT_EQ(Checkpointer::verify(dir), path + ": checksum mismatch") << name;
+    test::write_text(path, orig);
+    EXPECT_EQ(Checkpointer::verify(dir), "") << name;
+  }
+  EXPECT_EQ(names(dir).size(), 6u);  // model, optimizer, ema, state, rank_0, manifest
+}
+
+}  // namespace
+}  // namespace lm

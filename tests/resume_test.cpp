@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 
 #include "tests/testutil.h"
@@ -14,6 +16,13 @@ namespace lm {
 namespace {
 
 using test::TempDir;
+
+bool fs_exists(const std::string& p) { return std::ifstream(p).good(); }
+std::string step_dir(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
 
 class ResumeE2E : public ::testing::Test {
  protected:
@@ -129,6 +138,88 @@ TEST_F(ResumeE2E, AsyncCheckpoints) {
 
 TEST_F(ResumeE2E, TwoRanks) {
   expect_exact_resume(data_, {"model.dropout=0.1", "train.micro_batch_size=4"}, 2);
+}
+
+}  // namespace
+}  // namespace lm
+
+namespace lm {
+namespace {
+
+std::vector<std::string> quick_args(const std::string& data, const std::string& run, std::vector<std::string> extra) {
+  std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + data, "run.dir=" + run,
+                                "log.every_steps=1", "eval.batches=0", "train.threads=1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST_F(ResumeE2E, SigtermCheckpointsAndExitsZeroThenResumes) {
+  TempDir run;
+  auto p = test::spawn_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=100000"}), run / "out1");
+  ASSERT_TRUE(test::wait_until(p, [&] { return test::last_train_step(run / "metrics.jsonl") >= 3; }));
+  test::kill_proc(p, SIGTERM);
+  ASSERT_EQ(test::wait_proc(p, 60), 0) << test::read_text(run / "out1");
+  const int64_t stopped = test::last_train_step(run / "metrics.jsonl");
+  EXPECT_TRUE(fs_exists(run.path() + "/checkpoints/" + step_dir(stopped) + "/manifest.json"));
+  auto r = test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=" + std::to_string(stopped + 3)}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos);
+  EXPECT_EQ(test::last_train_step(run / "metrics.jsonl"), stopped + 3);
+}
+
+TEST_F(ResumeE2E, SecondSignalAbortsAtOnce) {
+  TempDir run;
+  // Steps of a few hundred ms, so both signals land inside one step.
+  auto p = test::spawn_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=100000", "model.d_model=256",
+                                                                       "model.n_head=4", "model.seq_len=256",
+                                                                       "train.micro_batch_size=16"}),
+                           run / "out");
+  ASSERT_TRUE(test::wait_until(p, [&] { return test::last_train_step(run / "metrics.jsonl") >= 1; }, 120));
+  test::kill_proc(p, SIGINT);
+  ::usleep(20000);
+  test::kill_proc(p, SIGINT);
+  EXPECT_EQ(test::wait_proc(p, 60), 128 + SIGINT) << test::read_text(run / "out");
+}
+
+TEST_F(ResumeE2E, OtherArchitectureOrDataIsRefusedUnlessForced) {
+  TempDir run, other;
+  ASSERT_EQ(test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=4"})).exit_code, 0);
+  auto r = test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=8", "model.n_layer=3"}));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("has model architecture"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint.force"), std::string::npos) << r.out;
+  const std::string other_data = test::make_bytes_dataset(other.path(), 500);
+  r = test::run_bin("trainer", quick_args(other_data, run.path(), {"train.max_steps=8"}));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("has data version"), std::string::npos) << r.out;
+  r = test::run_bin("trainer", quick_args(other_data, run.path(), {"train.max_steps=8", "checkpoint.force=true"}));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("loading anyway"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+}
+
+TEST_F(ResumeE2E, AutoIntervalFromYoungDaly) {
+  TempDir run;
+  // MTBF of ~1 s makes sqrt(2 * MTBF * C) a handful of steps.
+  auto r = test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=60", "checkpoint.every_steps=auto",
+                                                                    "checkpoint.mtbf_hours=0.0003", "checkpoint.keep_last=0"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint interval:"), std::string::npos) << r.out;
+  EXPECT_GE(test::metrics_of_kind(run / "metrics.jsonl", "checkpoint").size(), 3u);
+}
+
+TEST_F(ResumeE2E, WeightsReadableWithNumpyAlone) {
+  TempDir run;
+  ASSERT_EQ(test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=2"})).exit_code, 0);
+  // The README's three-line load, verbatim.
+  test::write_text(run / "load.py",
+                   "import json, numpy as np, sys\n"
+                   "raw = open(sys.argv[1], 'rb').read(); n = int.from_bytes(raw[:8], 'little'); head = json.loads(raw[8:8 + n])\n"
+                   "w = {k: np.frombuffer(raw, np.float32, int(np.prod(v['shape'])), 8 + n + v['data_offsets'][0]).reshape(v['shape']) for k, v in head.items() if k != '__metadata__'}\n"
+                   "print(len(w), w['wte.weight'].shape, float(np.abs(w['lnf.weight']).sum()))\n");
+  auto r = test::run_bin("/usr/bin/python3", {run / "load.py", run / "model.safetensors"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(320, 64)"), std::string::npos) << r.out;  // bytes vocab 258 padded to 320, d 64
 }
 
 }  // namespace

@@ -193,6 +193,7 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("data.pad_multiple", &c.data.pad_multiple, "bucketed: pad length to a multiple of this", 1, 1 << 20);
   s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", 0);
   s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", {"lazy", "full"});
+  s.boolean("data.reuse_batch", &c.data.reuse_batch, "benchmark: reuse the first step's batches (no reading)");
 
   s.choice("model.arch", &c.model.arch, "model architecture", {"gpt"});
   s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);

@@ -18,6 +18,7 @@
 #include "data/manifest.h"
 #include "data/reader.h"
 #include "models/gpt.h"
+#include "trainer/batch_upload.h"
 #include "trainer/build_info.h"
 #include "trainer/checkpoint.h"
 #include "trainer/cli.h"
@@ -215,6 +216,7 @@ class Trainer {
     torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));  // identical init on every rank
     model_ = GPT(cfg.model, vocab_);
     model_->to(device_);
+    uploader_ = std::make_unique<BatchUploader>(device_);
     flat_ = std::make_unique<FlatParams>(*model_);
     opt_ = std::make_unique<AdamW>(*flat_, cfg.optim);
     if (cfg.train.ema_decay > 0) ema_ = flat_->params().clone();
@@ -257,8 +259,10 @@ class Trainer {
       double wait_ms = 0;
       std::vector<uint64_t> hashes;
       for (int64_t m = 0; m < accum; ++m) {
-        batches[m] = loader_->next();
-        wait_ms += loader_->last_wait_ms();
+        if (!c.data.reuse_batch || batches[m].rows == 0) {
+          batches[m] = loader_->next();
+          wait_ms += loader_->last_wait_ms();
+        }
         local[kTargets] += batches[m].target_tokens;
         local[kPad] += batches[m].pad_tokens;
         local[kInputs] += batches[m].rows * batches[m].cols;
@@ -270,8 +274,8 @@ class Trainer {
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
       for (int64_t m = 0; m < accum; ++m) {
         auto& b = batches[m];
-        auto x = torch::from_blob(b.inputs.data(), {b.rows, b.cols}, torch::kLong).to(device_);
-        auto y = torch::from_blob(b.targets.data(), {b.rows, b.cols}, torch::kLong).to(device_);
+        auto x = uploader_->upload(b.inputs, b.rows, b.cols);
+        auto y = uploader_->upload(b.targets, b.rows, b.cols);
         if (grad_sync_) grad_sync_->begin(m == accum - 1);
         auto loss = b.rows > 0 ? model_->loss_sum(x, y) : torch::zeros({}, torch::TensorOptions().device(device_));
         if (b.rows > 0) (loss / global_targets).backward();
@@ -449,7 +453,10 @@ class Trainer {
     step_ = start_step_ = st.state.at("progress").at("step").get<int64_t>();
     tokens_ = st.state.at("progress").at("tokens").get<int64_t>();
     win_.from_json(st.state.at("metrics"));
-    loader_->load_state(data::LoaderState::from_json(st.rank_state.at("loader").dump()));
+    if (st.state.at("data_version") == manifest_.data_version)
+      loader_->load_state(data::LoaderState::from_json(st.rank_state.at("loader").dump()));
+    else
+      log::warn("other data than the checkpoint's (checkpoint.force): the data order starts from the beginning");
     if (st.rank_state.value("rank", -1) == rank_) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the shared generator
       gen.set_state(from_hex(st.rank_state.at("rng").at("cpu").get<std::string>()));
@@ -572,6 +579,7 @@ class Trainer {
   std::unique_ptr<GradSync> grad_sync_;
   data::Manifest manifest_, val_manifest_;
   std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<BatchUploader> uploader_;
   std::unique_ptr<data::SequentialReader> val_reader_;
   int64_t vocab_ = 0;
   double flops_per_token_ = 0;
