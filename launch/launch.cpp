@@ -37,8 +37,7 @@
 // 1 other runtime failures (rendezvous timeout, lost the store).
 //
 // LibTorch versions: only TCPStore(host, TCPStoreOptions) with fields that 1.13 and 2.x share is
-// used; the one version `#if` (NCCL async error handling variable name) is below, kept here and
-// not in trainer/compat.h because that header pulls in all of torch.
+// used; the NCCL async error handling variable's name comes from trainer/compat.h.
 #include <CLI/CLI.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
@@ -72,6 +71,7 @@
 #include <thread>
 #include <vector>
 
+#include "trainer/compat.h"
 #include "trainer/errors.h"
 #include "trainer/log.h"
 
@@ -83,12 +83,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// torchrun 1.13 sets NCCL_ASYNC_ERROR_HANDLING; 2.2+ renamed it (the old name warns there).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
-constexpr const char* kNcclAsyncErrorVar = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
-#else
-constexpr const char* kNcclAsyncErrorVar = "NCCL_ASYNC_ERROR_HANDLING";
-#endif
+constexpr const char* kNcclAsyncErrorVar = compat::kNcclAsyncErrorHandlingVar;
 
 constexpr int kLogTailLines = 10;
 

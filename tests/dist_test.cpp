@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include "tests/testutil.h"
 #include "trainer/safetensors.h"
@@ -128,6 +130,58 @@ TEST_F(DistE2E, SlurmVariablesStartAGroup) {
   for (auto& p : ranks) ASSERT_EQ(test::wait_proc(p), 0) << test::read_text(run / "out0");
   EXPECT_NE(test::read_text(run / "out0").find("slurm launch"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(test::read_text(run / "summary.json"))["world_size"], 2);
+}
+
+}  // namespace
+}  // namespace lm
+
+namespace lm {
+namespace {
+
+// The pid of the worker with RANK=rank started under TORCHELASTIC_RUN_ID=run_id, or -1.
+int find_worker(const std::string& run_id, int rank) {
+  for (auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string env = test::read_text("/proc/" + pid + "/environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    env = "\n" + env;
+    if (env.find("\nTORCHELASTIC_RUN_ID=" + run_id + "\n") != std::string::npos &&
+        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return std::stoi(pid);
+  }
+  return -1;
+}
+
+// A worker SIGKILLed mid-run: launch stops the group, restarts it, the trainer resumes from the
+// latest checkpoint, and the run ends exactly as an uninterrupted one.
+TEST_F(DistE2E, LaunchRestartsTheGroupWhichResumesExactly) {
+  TempDir plain, killed;
+  auto run_args = [&](const std::string& dir) {
+    std::vector<std::string> a = {"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
+                                  dir + "/launch_logs", "--run-id", "t" + std::to_string(::getpid()) + dir.substr(dir.size() - 6),
+                                  "--", test::bin_path("trainer")};
+    for (auto& x : args(data_, dir, {"train.max_steps=30", "checkpoint.every_steps=5", "train.micro_batch_size=4",
+                                     "model.dropout=0.1"}))
+      a.push_back(x);
+    return a;
+  };
+  auto p = test::spawn_bin("launch", run_args(plain.path()), plain / "out");
+  ASSERT_EQ(test::wait_proc(p), 0) << test::read_text(plain / "out");
+
+  const auto a = run_args(killed.path());
+  const std::string run_id = a[8];
+  auto q = test::spawn_bin("launch", a, killed / "out");
+  ASSERT_TRUE(test::wait_until(q, [&] { return test::last_train_step(killed / "metrics.jsonl") >= 12; }))
+      << test::read_text(killed / "out");
+  const int victim = find_worker(run_id, 1);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGKILL);
+  ASSERT_EQ(test::wait_proc(q), 0) << test::read_text(killed / "out");
+  const std::string out = test::read_text(killed / "out");
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_EQ(train_losses(plain.path()), train_losses(killed.path()));
+  EXPECT_EQ(test::read_text(plain / "model.safetensors"), test::read_text(killed / "model.safetensors"));
 }
 
 }  // namespace

@@ -32,6 +32,13 @@ inline std::string torch_version() {
 
 constexpr bool kHasSdpa = LM_TORCH_AT_LEAST(2, 0);
 
+// The variable torchrun sets for NCCL's async error handling (renamed in 2.2; the old name warns).
+#if LM_TORCH_AT_LEAST(2, 2)
+constexpr const char* kNcclAsyncErrorHandlingVar = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+#else
+constexpr const char* kNcclAsyncErrorHandlingVar = "NCCL_ASYNC_ERROR_HANDLING";
+#endif
+
 // c10::Allocator gained a pure virtual copy_data() in LibTorch 2.3.
 #if LM_TORCH_AT_LEAST(2, 3)
 #define LM_ALLOCATOR_COPY_DATA \
