@@ -7,6 +7,7 @@ PKGS=(
   libtorch-dev libopenblas0-pthread libgloo-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev libsentencepiece-dev nlohmann-json3-dev
   libcli11-dev libxxhash-dev googletest libgtest-dev libgmock-dev
+  libprotobuf-dev protobuf-compiler libisal-dev
   bible-kjv python3-torch
 )
 missing=()
