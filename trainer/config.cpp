@@ -2,11 +2,13 @@
 // every public config key, its type, its range and its one-line meaning.
 #include "trainer/config.h"
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
@@ -28,6 +30,8 @@ struct Field {
   std::function<void(const YAML::Node&)> set;
   // The current value as YAML text.
   std::function<std::string()> get;
+  // JSON type of the value: 'i' integer (-1 = "auto" where allowed), 'n' number, 'b' bool, 's' string.
+  char type = 's';
 };
 
 [[noreturn]] void bad(const std::string& msg) { throw msg; }
@@ -102,7 +106,7 @@ class Schema {
                               : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") +
             ", got " + std::to_string(v));
       *p = v;
-    }, [=] { return std::to_string(*p); });
+    }, [=] { return std::to_string(*p); }, 'i');
   }
   // lo_open: value must be > lo (else >= lo).
   void number(const std::string& key, double* p, const std::string& doc, double lo, bool lo_open,
@@ -116,7 +120,7 @@ class Schema {
         bad("must be in " + r + ", got " + fmt_double(v));
       }
       *p = v;
-    }, [=] { return fmt_double(*p); });
+    }, [=] { return fmt_double(*p); }, 'n');
   }
   // An integer >= lo, or the word "auto" (stored as -1).
   void integer_or_auto(const std::string& key, int64_t* p, const std::string& doc, int64_t lo) {
@@ -133,11 +137,11 @@ class Schema {
       }
       if (v < lo) bad("must be >= " + std::to_string(lo) + " or auto, got " + std::to_string(v));
       *p = v;
-    }, [=] { return *p == -1 ? std::string("auto") : std::to_string(*p); });
+    }, [=] { return *p == -1 ? std::string("auto") : std::to_string(*p); }, 'i');
   }
   void boolean(const std::string& key, bool* p, const std::string& doc) {
     add(key, doc, [=](const YAML::Node& n) { *p = parse_bool(n); },
-        [=] { return std::string(*p ? "true" : "false"); });
+        [=] { return std::string(*p ? "true" : "false"); }, 'b');
   }
   void text(const std::string& key, std::string* p, const std::string& doc) {
     add(key, doc, [=](const YAML::Node& n) { *p = n.IsNull() ? "" : scalar_of(n); },
@@ -170,8 +174,8 @@ class Schema {
 
  private:
   void add(const std::string& key, const std::string& doc, std::function<void(const YAML::Node&)> set,
-           std::function<std::string()> get) {
-    fields_.push_back({key, doc, std::move(set), std::move(get)});
+           std::function<std::string()> get, char type = 's') {
+    fields_.push_back({key, doc, std::move(set), std::move(get), type});
   }
   std::vector<Field> fields_;
 };
@@ -241,6 +245,16 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size (MB)", 0, true);
 
   s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);
+  s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = built-in table", 0, false);
+  s.number("log.long_window_s", &c.log.long_window_s, "long-window aggregate period (s)", 0, true);
+  s.boolean("log.tensorboard", &c.log.tensorboard, "write TensorBoard event files");
+  s.text("log.profile_steps", &c.log.profile_steps, "A-B: profile steps A..B (Chrome trace)");
+
+  s.number("anomaly.spike_factor", &c.anomaly.spike_factor, "loss spike: above k x running mean; 0 = off", 0, false);
+  s.integer("anomaly.window", &c.anomaly.window, "running-mean window (steps)", 1);
+  s.integer("anomaly.warmup_steps", &c.anomaly.warmup_steps, "no spike checks before this step", 0);
+  s.choice("anomaly.action", &c.anomaly.action, "on an anomaly", {"continue", "skip", "stop"});
+  s.integer("anomaly.max_dumps", &c.anomaly.max_dumps, "anomaly directories written at most", 0);
 
   s.integer("eval.every_steps", &c.eval.every_steps, "validate every N steps; 0 = at end", 0);
   s.integer("eval.batches", &c.eval.batches, "validation micro-batches; 0 = none", 0);
@@ -321,6 +335,12 @@ void validate(const ExperimentConfig& c) {
     throw ConfigError("key 'model.d_model': " + std::to_string(c.model.d_model) +
                       " is not divisible by model.n_head=" + std::to_string(c.model.n_head));
   if (c.run.dir.empty()) throw ConfigError("key 'run.dir': must not be empty");
+  if (!c.log.profile_steps.empty()) {
+    long long a = 0, b = 0;
+    char tail = 0;
+    if (std::sscanf(c.log.profile_steps.c_str(), "%lld-%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
+      throw ConfigError("key 'log.profile_steps': expected A-B with 1 <= A <= B, got '" + c.log.profile_steps + "'");
+  }
   if (c.checkpoint.resume.empty()) throw ConfigError("key 'checkpoint.resume': must be auto, none or a directory");
 }
 
@@ -394,6 +414,25 @@ std::string to_table(const ExperimentConfig& cfg_in) {
     out << "  " << f.key << std::string(w - f.key.size() + 2, ' ') << (changed ? "* " : "  ") << v << "\n";
   }
   return out.str();
+}
+
+std::string to_json(const ExperimentConfig& cfg_in) {
+  ExperimentConfig cfg = cfg_in;
+  Schema s;
+  describe(s, cfg);
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (auto& f : s.fields()) {
+    auto dot = f.key.find('.');
+    auto& sec = out[f.key.substr(0, dot)];
+    const std::string leaf = f.key.substr(dot + 1), text = f.get();
+    switch (f.type) {
+      case 'i': sec[leaf] = text == "auto" ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(std::stoll(text)); break;
+      case 'n': sec[leaf] = std::strtod(text.c_str(), nullptr); break;
+      case 'b': sec[leaf] = text == "true"; break;
+      default: sec[leaf] = YAML::Load(text).as<std::string>(""); break;
+    }
+  }
+  return out.dump();
 }
 
 std::vector<std::string> config_keys() {

@@ -29,6 +29,7 @@ struct ExperimentConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   DistConfig dist;
+  AnomalyConfig anomaly;
 };
 
 // Loads `path` (empty = defaults only), applies `overrides` in order, validates.
@@ -40,5 +41,7 @@ std::string to_yaml(const ExperimentConfig& cfg);
 std::string to_table(const ExperimentConfig& cfg);
 // Every valid dotted key, in schema order.
 std::vector<std::string> config_keys();
+// The resolved config as nested JSON text ({"run": {"dir": ..., "seed": ...}, ...}), typed values.
+std::string to_json(const ExperimentConfig& cfg);
 
 }  // namespace lm

@@ -4,12 +4,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -18,17 +21,19 @@
 #include "data/manifest.h"
 #include "data/reader.h"
 #include "models/gpt.h"
-#include "trainer/batch_upload.h"
 #include "trainer/build_info.h"
 #include "trainer/checkpoint.h"
 #include "trainer/cli.h"
 #include "trainer/compat.h"
+#include "trainer/device.h"
 #include "trainer/dist.h"
 #include "trainer/errors.h"
 #include "trainer/fileio.h"
 #include "trainer/host_allocator.h"
 #include "trainer/log.h"
+#include "trainer/metrics.h"
 #include "trainer/optim.h"
+#include "trainer/run_record.h"
 #include "trainer/safetensors.h"
 
 namespace lm {
@@ -91,36 +96,6 @@ nlohmann::json arch_json(const ModelConfig& m, int64_t vocab) {
           {"seq_len", m.seq_len}, {"vocab", vocab}};
 }
 
-// RUN_DIR/metrics.jsonl: one JSON object per line, flushed per record. On resume, records of steps
-// after the checkpoint (written before the crash) are dropped so the file reads as one run.
-class MetricsFile {
- public:
-  MetricsFile(const std::string& path, int64_t keep_through_step) {
-    if (keep_through_step < 0) {
-      out_.open(path, std::ios::trunc);
-    } else {
-      std::string kept;
-      std::ifstream in(path);
-      for (std::string line; std::getline(in, line);) {
-        if (line.empty()) continue;
-        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (j.is_discarded()) continue;  // a line cut by the crash
-        if (j.value("step", int64_t{0}) <= keep_through_step) kept += line + "\n";
-      }
-      fs::write_file_atomic(path, kept);
-      out_.open(path, std::ios::app);
-    }
-    if (!out_) throw Error(path + ": cannot open for writing");
-  }
-  void write(const nlohmann::json& rec) {
-    out_ << rec.dump() << '\n';
-    out_.flush();
-  }
-
- private:
-  std::ofstream out_;
-};
-
 // (B, T+1) windows of the sequential (validation) reader -> inputs and targets on `device`.
 struct Batch {
   torch::Tensor x, y;  // (B, T) int64
@@ -130,6 +105,10 @@ Batch next_val_batch(data::SequentialReader& r, int64_t B, int64_t T, std::vecto
   r.next(B, buf);
   auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(device, /*non_blocking=*/false, /*copy=*/true);
   return {w.slice(1, 0, T), w.slice(1, 1, T + 1)};
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 int64_t double_bits(double d) {
@@ -198,6 +177,11 @@ class Trainer {
     if (world_ > 1) {
       log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", rank_, world_,
                      launch_.source.c_str(), launch_.local_rank, launch_.master_addr.c_str(), launch_.master_port));
+      if (cfg.dist.backend == "nccl" || (cfg.dist.backend == "auto" && device_.is_cuda())) {
+        // NCCL's own log, kept per rank with the run ("why did it break").
+        ::setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0);
+        ::setenv("NCCL_DEBUG_FILE", (run_dir + "/logs/nccl_rank" + std::to_string(rank_) + ".%h.%p.log").c_str(), 0);
+      }
       comm_ = std::make_unique<Comm>(launch_, cfg.dist, device_);
     }
     ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, run_dir, rank_, world_);
@@ -240,7 +224,26 @@ class Trainer {
       log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm_->backend().c_str(),
                      grad_sync_->num_buckets(), cfg.dist.bucket_mb));
     }
-    if (rank_ == 0) metrics_ = std::make_unique<MetricsFile>(run_dir + "/metrics.jsonl", resume_dir_.empty() ? -1 : step_);
+    if (!cfg.log.profile_steps.empty())
+      std::sscanf(cfg.log.profile_steps.c_str(), "%lld-%lld", (long long*)&profile_from_, (long long*)&profile_to_);
+    gpu_ = gpu_info(device_);
+    const double peak = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops : builtin_peak_tflops(gpu_.model, "fp32");
+    peak_flops_ = peak * 1e12;
+    log::info(peak_flops_ > 0 ? strf("MFU against %.0f TFLOP/s per device", peak)
+                              : std::string("MFU unknown: no peak for this device (set log.peak_tflops)"));
+    if (rank_ == 0) {
+      MetricsSink::Options mo;
+      mo.run_dir = run_dir;
+      mo.keep_through_step = resume_dir_.empty() ? -1 : step_;
+      mo.tensorboard = cfg.log.tensorboard;
+      mo.total_steps = cfg.train.max_steps;
+      mo.long_window_s = cfg.log.long_window_s;
+      metrics_ = std::make_unique<MetricsSink>(mo);
+      if (!resume_dir_.empty() && resume_state_.state.at("metrics").contains("long_window"))
+        metrics_->load_window_state(resume_state_.state.at("metrics").at("long_window"));
+      record_ = std::make_unique<RunRecord>(run_dir, run_meta(command, n));
+    }
+    gpu_snapshot("start");
   }
 
   TrainSummary run() {
@@ -251,8 +254,15 @@ class Trainer {
     std::signal(SIGINT, on_stop_signal);
     double mean_step_s = 0;
     std::vector<data::Batch> batches(static_cast<size_t>(accum));
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
     model_->train();
     while (step_ < c.train.max_steps) {
+      if (profile_from_ > 0 && step_ + 1 == profile_from_) {
+        fs::make_dirs(c.run.dir + "/profile");
+        profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
+            c.run.dir + "/profile/" + strf("steps_%lld-%lld.rank%d.trace.json", (long long)profile_from_,
+                                           (long long)profile_to_, rank_));
+      }
       auto t0 = Clock::now();
       // The step's micro-batches first: their token count normalises the loss.
       int64_t local[kNumStats] = {0};
@@ -282,19 +292,14 @@ class Trainer {
         loss_sum += loss.detach();
       }
       if (grad_sync_) grad_sync_->finish(step_ + 1);
-      auto gnorm = clip_grad_norm(*flat_, c.optim.grad_clip);
-      const double lr = lr_at(c.schedule, c.optim.lr, c.train.max_steps, step_);
-      opt_->step(lr);
-      if (ema_.defined()) ema_.lerp_(flat_->params(), 1.0 - c.train.ema_decay);
-      ++step_;
-      local[kLossSum] = double_bits(loss_sum.item<double>());  // the host sync of the step
+      const double gnorm = clip_grad_norm(*flat_, c.optim.grad_clip).item<double>();  // same on every rank
+      local[kLossSum] = double_bits(loss_sum.item<double>());
       local[kWaitUs] = static_cast<int64_t>(wait_ms * 1e3);
       local[kStop] = g_stop_signal.load() != 0;
       const double step_s_local = seconds_since(t0);
       mean_step_s = mean_step_s == 0 ? step_s_local : 0.9 * mean_step_s + 0.1 * step_s_local;
-      local[kSave] = step_ != c.train.max_steps && ckpt_->due(step_, mean_step_s);
+      local[kSave] = step_ + 1 != c.train.max_steps && ckpt_->due(step_ + 1, mean_step_s);
       const auto all = gather_stats(local);
-      const double step_s = seconds_since(t0);
       double loss_total = 0, wait_max = 0;
       int64_t targets = 0, pad = 0, inputs = 0, stop = 0;
       std::vector<uint64_t> rank_hashes;
@@ -308,25 +313,44 @@ class Trainer {
       }
       const bool save_now = all[kSave] != 0;  // rank 0 decides
       const double loss = loss_total / std::max<double>(1.0, static_cast<double>(targets));
-      if (!std::isfinite(loss)) throw Error(strf("non-finite loss %g at step %lld", loss, (long long)step_));
       batch_hash_ = world_ == 1 ? rank_hashes[0] : fs::xxh64(rank_hashes.data(), rank_hashes.size() * sizeof(uint64_t));
+      const double lr = lr_at(c.schedule, c.optim.lr, c.train.max_steps, step_);
+      // Every rank sees the same global loss and grad norm, so they take the same decision.
+      const std::string anomaly = check_anomaly(loss, gnorm);
+      const bool update = anomaly.empty() || (c.anomaly.action == "continue" && std::isfinite(loss) && std::isfinite(gnorm));
+      if (!anomaly.empty()) record_anomaly(anomaly, loss, gnorm, lr, batches);
+      if (update) {
+        opt_->step(lr);
+        if (ema_.defined()) ema_.lerp_(flat_->params(), 1.0 - c.train.ema_decay);
+      }
+      ++step_;
+      if (profile && step_ == profile_to_) profile.reset();  // writes the trace
+      const double step_s = seconds_since(t0);
       tokens_ += targets;
-      win_.loss += loss, win_.time += step_s, win_.wait += wait_max, win_.tokens += targets;
+      win_.loss += std::isfinite(loss) ? loss : 0, win_.time += step_s, win_.wait += wait_max, win_.tokens += targets;
       win_.pad += pad, win_.inputs += inputs, ++win_.steps;
       win_.run_pad += pad, win_.run_inputs += inputs;
       if (step_ > start_step_ + 1) win_.timed_tokens += targets, win_.timed_s += step_s;
       if (step_ == start_step_ + 1 && !resume_dir_.empty() && metrics_)
-        metrics_->write({{"kind", "resume"}, {"step", step_}, {"checkpoint", resume_dir_},
+        metrics_->write({{"kind", "resume"}, {"step", step_}, {"checkpoint", resume_dir_}, {"time", unix_now()},
                          {"recovery_ms", 1e3 * process_age_s()}, {"load_ms", load_ms_}});
-      if (step_ % c.log.every_steps == 0 || step_ == c.train.max_steps) log_window(lr, gnorm.item<double>());
+      if (step_ % c.log.every_steps == 0 || step_ == c.train.max_steps) log_window(lr, gnorm);
       if (val_reader_ && c.eval.every_steps > 0 && step_ % c.eval.every_steps == 0 && step_ != c.train.max_steps)
         evaluate();
       log_saves();
+      if (!anomaly.empty() && c.anomaly.action == "stop") {
+        save();
+        ckpt_->wait();
+        log_saves();
+        throw Error(strf("stopped at step %lld by an anomaly (%s); evidence in %s/anomalies, checkpoint saved",
+                         (long long)step_, anomaly.c_str(), c.run.dir.c_str()));
+      }
       if (stop) {
         log::warn(strf("stop signal: checkpointing at step %lld and exiting", (long long)step_));
         save();
         ckpt_->wait();
         log_saves();
+        stopped_ = true;
         return summary(t_start);
       }
       if (save_now) save();
@@ -341,7 +365,81 @@ class Trainer {
     return summary(t_start);
   }
 
+  // After run() or a failure: meta.json's final status, telemetry cost, a GPU snapshot on failure.
+  void finish(int exit_code, const std::string& error) {
+    if (metrics_) metrics_->flush();
+    if (!error.empty()) gpu_snapshot("failure");
+    if (record_) record_->finish(!error.empty() ? "failed" : stopped_ ? "stopped" : "completed", exit_code, error);
+  }
+
  private:
+  // "" or why this step is an anomaly: non-finite loss or grad norm, or a loss spike above
+  // anomaly.spike_factor x the running mean of the last anomaly.window normal steps.
+  std::string check_anomaly(double loss, double gnorm) {
+    const auto& a = cfg_.anomaly;
+    if (!std::isfinite(loss)) return strf("non-finite loss (%g)", loss);
+    if (!std::isfinite(gnorm)) return strf("non-finite grad norm (%g)", gnorm);
+    double mean = 0;
+    for (double l : recent_losses_) mean += l;
+    if (!recent_losses_.empty()) mean /= static_cast<double>(recent_losses_.size());
+    const bool spike = a.spike_factor > 0 && step_ + 1 > a.warmup_steps &&
+                       static_cast<int64_t>(recent_losses_.size()) >= std::min<int64_t>(a.window, 10) &&
+                       loss > a.spike_factor * mean;
+    if (spike) return strf("loss spike: %.4f > %.2f x running mean %.4f", loss, a.spike_factor, mean);
+    recent_losses_.push_back(loss);
+    if (static_cast<int64_t>(recent_losses_.size()) > a.window) recent_losses_.pop_front();
+    return "";
+  }
+
+  // RUN_DIR/anomalies/step_<N>/: every rank's batch (token ids and where each row came from) and,
+  // from rank 0, the step's metrics: enough to replay the batch offline.
+  void record_anomaly(const std::string& why, double loss, double gnorm, double lr, const std::vector<data::Batch>& batches) {
+    const int64_t step = step_ + 1;
+    const std::string action = cfg_.anomaly.action;
+    if (rank_ == 0) {
+      log::warn(strf("anomaly at step %lld: %s (action: %s)", (long long)step, why.c_str(), action.c_str()));
+      metrics_->write({{"kind", "anomaly"}, {"step", step}, {"time", unix_now()}, {"reason", why},
+                       {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr)},
+                       {"grad_norm", std::isfinite(gnorm) ? nlohmann::json(gnorm) : nlohmann::json(nullptr)},
+                       {"action", action}, {"batch_hash", fs::hex64(batch_hash_)}});
+    }
+    if (dumps_ >= cfg_.anomaly.max_dumps) return;
+    ++dumps_;
+    const std::string dir = cfg_.run.dir + "/anomalies/" + strf("step_%08lld", (long long)step);
+    fs::make_dirs(dir);
+    nlohmann::json micro = nlohmann::json::array();
+    for (const auto& b : batches) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (int64_t r = 0; r < b.rows; ++r) {
+        const auto& o = b.origins[static_cast<size_t>(r)];
+        rows.push_back({{"inputs", std::vector<int64_t>(b.inputs.begin() + r * b.cols, b.inputs.begin() + (r + 1) * b.cols)},
+                        {"targets", std::vector<int64_t>(b.targets.begin() + r * b.cols, b.targets.begin() + (r + 1) * b.cols)},
+                        {"shard", o.shard}, {"shard_file", manifest_.shards.at(o.shard).file}, {"doc", o.doc},
+                        {"offset", o.offset}});
+      }
+      micro.push_back({{"batch_index", b.index}, {"epoch", b.epoch}, {"hash", fs::hex64(b.hash)}, {"rows", rows}});
+    }
+    fs::write_file_atomic(dir + "/rank_" + std::to_string(rank_) + ".json",
+                          nlohmann::json{{"step", step}, {"rank", rank_}, {"data_dir", manifest_.dir},
+                                         {"data_version", manifest_.data_version}, {"micro_batches", micro}}
+                              .dump() + "\n");
+    if (rank_ == 0)
+      fs::write_file_atomic(dir + "/step.json",
+                            nlohmann::json{{"step", step}, {"reason", why}, {"action", action},
+                                           {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr)},
+                                           {"grad_norm", std::isfinite(gnorm) ? nlohmann::json(gnorm) : nlohmann::json(nullptr)},
+                                           {"lr", lr}, {"world_size", world_}, {"batch_hash", fs::hex64(batch_hash_)},
+                                           {"recent_losses", recent_losses_}, {"config", nlohmann::json::parse(to_json(cfg_))}}
+                                .dump(2) + "\n");
+  }
+
+  // nvidia-smi's view of the GPUs into RUN_DIR/logs/nvidia-smi_<when>.rank<r>.txt (CUDA only).
+  void gpu_snapshot(const std::string& when) {
+    if (!device_.is_cuda()) return;
+    const std::string out = cfg_.run.dir + "/logs/nvidia-smi_" + when + ".rank" + std::to_string(rank_) + ".txt";
+    if (std::system(("nvidia-smi > '" + out + "' 2>&1").c_str()) != 0) log::warn("nvidia-smi failed: see " + out);
+  }
+
   // Target tokens of the whole step over all ranks (the loss is their mean). Packed batches all
   // hold micro_batch * seq_len targets; bucketed ones vary, so they are summed over ranks.
   double global_target_tokens(int64_t local) {
@@ -404,7 +502,7 @@ class Trainer {
     st.state = {{"progress", {{"step", step_}, {"tokens", tokens_}, {"epoch", epoch()}}},
                 {"optimizer", {{"kind", "adamw"}, {"step", opt_->steps()}}},
                 {"scheduler", {{"kind", cfg_.schedule.kind}, {"step", step_}, {"lr", lr_at(cfg_.schedule, cfg_.optim.lr, cfg_.train.max_steps, step_)}}},
-                {"metrics", win_.to_json()},
+                {"metrics", metrics_state()},
                 {"config", to_yaml(cfg_)},
                 {"arch", arch_json(cfg_.model, vocab_)},
                 {"data_version", manifest_.data_version},
@@ -421,6 +519,15 @@ class Trainer {
                      {"loader", nlohmann::json::parse(loader_->state().to_json())},
                      {"rng", {{"cpu", to_hex(at::detail::getDefaultCPUGenerator().get_state())}}}};
     return st;
+  }
+
+  // Windows that must survive a resume: logging window, run summary, anomaly running mean and
+  // the long-window aggregates (rank 0's sink).
+  nlohmann::json metrics_state() {
+    auto j = win_.to_json();
+    j["recent_losses"] = std::vector<double>(recent_losses_.begin(), recent_losses_.end());
+    if (metrics_) j["long_window"] = metrics_->window_state();
+    return j;
   }
 
   void save() {
@@ -453,6 +560,8 @@ class Trainer {
     step_ = start_step_ = st.state.at("progress").at("step").get<int64_t>();
     tokens_ = st.state.at("progress").at("tokens").get<int64_t>();
     win_.from_json(st.state.at("metrics"));
+    recent_losses_.clear();
+    for (double l : st.state.at("metrics").value("recent_losses", std::vector<double>{})) recent_losses_.push_back(l);
     if (st.state.at("data_version") == manifest_.data_version)
       loader_->load_state(data::LoaderState::from_json(st.rank_state.at("loader").dump()));
     else
@@ -477,22 +586,43 @@ class Trainer {
     const double n = static_cast<double>(win_.steps);
     const double mean_loss = win_.loss / n, tps = win_.tokens / win_.time, step_ms = 1e3 * win_.time / n;
     const double wait_ms = win_.wait / n, wait_pct = 100.0 * win_.wait / 1e3 / win_.time;
-    const double pad_pct = win_.inputs > 0 ? 100.0 * win_.pad / win_.inputs : 0;
     if (win_.first_loss < 0) win_.first_loss = mean_loss;
     win_.last_loss = mean_loss;
     if (rank_ == 0) {
-      log::info(strf("step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step | data wait %.1f%%%s",
-                     (long long)step_, (long long)cfg_.train.max_steps, mean_loss, lr, gnorm, tps, step_ms, wait_pct,
-                     cfg_.data.mode == "bucketed" ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
-      nlohmann::json rec = {{"kind", "train"}, {"step", step_}, {"loss", mean_loss}, {"lr", lr},
+      nlohmann::json rec = {{"kind", "train"}, {"step", step_}, {"time", unix_now()}, {"loss", mean_loss}, {"lr", lr},
                             {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"tokens_per_s_rank", tps / world_},
                             {"step_ms", step_ms}, {"data_wait_ms", wait_ms}, {"data_wait_pct", wait_pct},
-                            {"tokens", tokens_}, {"epoch", epoch()}, {"batch_hash", fs::hex64(batch_hash_)}};
-      if (cfg_.data.mode == "bucketed") rec["padding_pct"] = pad_pct;
-      metrics_->write(rec);
+                            {"mem_mb", memory_mb(device_)}, {"tokens", tokens_}, {"epoch", epoch()},
+                            {"batch_hash", fs::hex64(batch_hash_)}};
+      // MFU: model FLOPs per token x tokens/s per device over the device's peak; unknown without a peak.
+      rec["mfu_pct"] = peak_flops_ > 0 ? nlohmann::json(100.0 * flops_per_token_ * tps / world_ / peak_flops_) : nlohmann::json(nullptr);
+      if (cfg_.data.mode == "bucketed") rec["padding_pct"] = win_.inputs > 0 ? 100.0 * win_.pad / win_.inputs : 0.0;
+      metrics_->write(std::move(rec));
     }
     win_.loss = win_.time = win_.wait = win_.tokens = win_.pad = win_.inputs = 0;
     win_.steps = 0;
+  }
+
+  // meta.json's facts: code, command, config, data, hardware, versions.
+  nlohmann::json run_meta(const std::string& command, int64_t params) {
+    nlohmann::json gpu = nullptr;
+    if (!gpu_.model.empty())
+      gpu = {{"model", gpu_.model}, {"driver", gpu_.driver}, {"cuda", gpu_.cuda}, {"nccl", gpu_.nccl}, {"count", gpu_.count}};
+    char cwd[4096] = {0};
+    return {{"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}},
+            {"command", command},
+            {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
+            {"config", nlohmann::json::parse(to_json(cfg_))},
+            {"data", {{"dir", manifest_.dir}, {"data_version", manifest_.data_version},
+                      {"tokenizer", {{"kind", manifest_.tokenizer.kind}, {"vocab_size", manifest_.tokenizer.vocab_size},
+                                     {"hash", manifest_.tokenizer.hash}}},
+                      {"train_tokens", manifest_.split_tokens("train")}}},
+            {"host", host_info()},
+            {"gpu", gpu},
+            {"libtorch", compat::torch_version()},
+            {"world_size", world_},
+            {"launch", launch_.source},
+            {"model", {{"params", params}, {"flops_per_token", flops_per_token_}}}};
   }
 
   void log_saves() {
@@ -506,7 +636,7 @@ class Trainer {
       if (rank_ != 0) continue;
       log::info(strf("checkpoint %s: %.1f MB, blocked %.0f ms, written in %.0f ms (%.0f MB/s)%s", r.dir.c_str(),
                      r.mb, r.block_ms, r.write_ms, mbps, r.async ? ", async" : ""));
-      metrics_->write({{"kind", "checkpoint"}, {"step", r.step}, {"dir", r.dir}, {"async", r.async},
+      metrics_->write({{"kind", "checkpoint"}, {"step", r.step}, {"time", unix_now()}, {"dir", r.dir}, {"async", r.async},
                        {"ckpt_block_ms", r.block_ms}, {"ckpt_write_ms", r.write_ms}, {"ckpt_mb", r.mb},
                        {"ckpt_mb_per_s", mbps}});
     }
@@ -535,19 +665,16 @@ class Trainer {
     };
     const double loss = mean_loss();
     nlohmann::json rec = {{"kind", "val"}, {"step", step_}, {"val_loss", loss}};
-    std::string ema_text;
+    rec["time"] = unix_now();
     if (ema_.defined()) {
       torch::NoGradGuard ng;
       auto saved = flat_->params().clone();
       flat_->params().copy_(ema_);
       rec["val_loss_ema"] = mean_loss();
       flat_->params().copy_(saved);
-      ema_text = strf(" | ema %.4f", rec["val_loss_ema"].get<double>());
     }
     val_loss_ = loss;
-    if (rank_ != 0) return;
-    log::info(strf("step %6lld | val loss %.4f%s", (long long)step_, loss, ema_text.c_str()));
-    metrics_->write(rec);
+    if (rank_ == 0) metrics_->write(std::move(rec));
   }
 
   TrainSummary summary(Clock::time_point t_start) {
@@ -563,9 +690,10 @@ class Trainer {
     log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s",
                    (long long)sum.steps, sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss,
                    sum.tokens_per_s, cfg_.data.mode == "bucketed" ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
+    const double telemetry_ms = metrics_->caller_ms() / std::max<int64_t>(1, step_ - start_step_);
     nlohmann::json j{{"steps", sum.steps}, {"first_loss", sum.first_loss}, {"last_loss", sum.last_loss},
                      {"val_loss", sum.val_loss}, {"tokens_per_s", sum.tokens_per_s}, {"wall_s", sum.wall_s},
-                     {"world_size", world_}};
+                     {"world_size", world_}, {"telemetry_ms_per_step", telemetry_ms}};
     if (cfg_.data.mode == "bucketed") j["padding_pct"] = pad_pct;
     fs::write_file_atomic(cfg_.run.dir + "/summary.json", j.dump(2) + "\n");
     return sum;
@@ -590,7 +718,14 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
   std::string resume_dir_;
   CheckpointState resume_state_;
-  std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<MetricsSink> metrics_;
+  std::unique_ptr<RunRecord> record_;
+  GpuInfo gpu_;
+  double peak_flops_ = 0;
+  int64_t profile_from_ = 0, profile_to_ = 0;
+  std::deque<double> recent_losses_;  // anomaly running mean
+  int64_t dumps_ = 0;
+  bool stopped_ = false;
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0;
   uint64_t batch_hash_ = 0;
   double load_ms_ = 0, val_loss_ = -1;
@@ -604,8 +739,18 @@ const char* kUsage =
 }  // namespace
 
 TrainSummary train(const ExperimentConfig& cfg, const std::string& command) {
-  Trainer t(cfg, command);
-  return t.run();
+  Trainer t(cfg, command);  // bad input throws before anything is written
+  try {
+    auto sum = t.run();
+    t.finish(kExitOk, "");
+    return sum;
+  } catch (const Error& e) {
+    t.finish(e.exit_code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    t.finish(kExitFailure, e.what());
+    throw;
+  }
 }
 
 int trainer_cli(int argc, char** argv) {

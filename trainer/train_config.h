@@ -22,7 +22,19 @@ struct TrainConfig {
 };
 
 struct LogConfig {
-  int64_t every_steps = 10;  // console line and metrics.jsonl record every N steps
+  int64_t every_steps = 10;     // console line, metrics.jsonl and TensorBoard record every N steps
+  double peak_tflops = 0;       // per-device peak for MFU; 0 = built-in table (H100/H200/A100), else unknown
+  double long_window_s = 3600;  // long-window aggregates (mean/min/max tokens/s and MFU) every N seconds
+  bool tensorboard = true;      // TensorBoard event file in RUN_DIR
+  std::string profile_steps;    // "A-B": Chrome trace of steps A..B in RUN_DIR/profile/; "" = off
+};
+
+struct AnomalyConfig {
+  double spike_factor = 3.0;     // loss above this times its running mean is a spike; 0 = off
+  int64_t window = 50;           // steps in the running mean
+  int64_t warmup_steps = 50;     // no spike checks before this step (non-finite values always count)
+  std::string action = "skip";   // continue | skip (no weight update) | stop (checkpoint, exit 1)
+  int64_t max_dumps = 20;        // anomaly directories written at most
 };
 
 struct EvalConfig {

@@ -1,0 +1,118 @@
+// ckpt_bench: save and load cost of a full checkpoint of GPT-2 124M with its AdamW state
+// (~1.5 GB) on CPU, next to LibTorch's own torch::save of the same tensors.
+//
+//   ckpt_bench --dir DIR [--reps N]     prints one JSON line:
+//     sync_ms / sync_mb_per_s      Checkpointer save, synchronous (write + fsync + commit)
+//     async_block_ms / async_ms    Checkpointer save with checkpoint.async (fork snapshot): the
+//                                  time training is blocked, and until the files are committed
+//     load_ms / load_mb_per_s      Checkpointer::verify + load (checksums, safetensors parse)
+//     torch_save_ms / torch_save_mb_per_s   torch::save of the same tensors, then fsync
+// The dd baseline of the same byte count runs in bench/checkpoint.sh (same disk, same run).
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include "models/gpt.h"
+#include "trainer/checkpoint.h"
+#include "trainer/errors.h"
+#include "trainer/fileio.h"
+#include "trainer/optim.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  return lm::run_main("ckpt_bench", [&] {
+    CLI::App app{"checkpoint save/load benchmark"};
+    std::string dir;
+    int reps = 2;
+    app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
+    app.add_option("--reps", reps, "repetitions (best is reported)");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e);
+      throw lm::UsageError(e.what());
+    }
+    lm::ModelConfig mc;
+    mc.n_layer = 12, mc.n_head = 12, mc.d_model = 768, mc.seq_len = 1024;
+    torch::manual_seed(0);
+    lm::GPT model(mc, lm::padded_vocab(mc, 50257));
+    lm::FlatParams flat(*model);
+    lm::OptimConfig oc;
+    lm::AdamW opt(flat, oc);
+    opt.exp_avg().normal_();
+    opt.exp_avg_sq().uniform_();
+    lm::CheckpointState st;
+    st.step = 1;
+    st.state = {{"progress", {{"step", 1}}}};
+    st.model = lm::module_tensors(*model);
+    for (const auto& e : flat.entries()) {
+      st.optimizer.emplace_back("exp_avg/" + e.name, opt.exp_avg().narrow(0, e.offset, e.numel));
+      st.optimizer.emplace_back("exp_avg_sq/" + e.name, opt.exp_avg_sq().narrow(0, e.offset, e.numel));
+    }
+    st.rank_state = {{"rank", 0}};
+    double mb = 0;
+    for (auto* ts : {&st.model, &st.optimizer})
+      for (auto& [n, t] : *ts) mb += t.numel() * t.element_size() / 1e6;
+
+    double sync_ms = 1e18, block_ms = 1e18, async_ms = 1e18, load_ms = 1e18, torch_ms = 1e18;
+    for (int r = 0; r < reps; ++r) {
+      for (bool async : {false, true}) {
+        const std::string run = dir + (async ? "/async" : "/sync");
+        lm::fs::remove_all(run);
+        lm::CheckpointConfig cc;
+        cc.async = async;
+        lm::Checkpointer ck(cc, run, 0, 1);
+        auto t0 = Clock::now();
+        ck.save(st);
+        const double returned = ms_since(t0);
+        ck.wait();
+        const double total = ms_since(t0);
+        for (auto& rep : ck.finished())
+          if (!rep.error.empty()) throw lm::Error(rep.error);
+        if (async) block_ms = std::min(block_ms, returned), async_ms = std::min(async_ms, total);
+        else sync_ms = std::min(sync_ms, total);
+      }
+      {
+        lm::CheckpointConfig cc;
+        lm::Checkpointer ck(cc, dir + "/sync", 0, 1);
+        ::sync();
+        auto t0 = Clock::now();
+        const std::string found = ck.find_resume();  // verifies every checksum
+        auto loaded = ck.load(found);
+        load_ms = std::min(load_ms, ms_since(t0));
+        if (loaded.model.size() != st.model.size()) throw lm::Error("load returned the wrong tensors");
+      }
+      {
+        std::vector<torch::Tensor> all;
+        for (auto* ts : {&st.model, &st.optimizer})
+          for (auto& [n, t] : *ts) all.push_back(t);
+        const std::string path = dir + "/torch_save.pt";
+        auto t0 = Clock::now();
+        torch::save(all, path);
+        int fd = ::open(path.c_str(), O_RDONLY);
+        ::fsync(fd);
+        ::close(fd);
+        torch_ms = std::min(torch_ms, ms_since(t0));
+        std::filesystem::remove(path);
+      }
+    }
+    lm::fs::remove_all(dir + "/sync");
+    lm::fs::remove_all(dir + "/async");
+    std::cout << nlohmann::json{{"params", model->num_params()}, {"state_mb", mb}, {"sync_ms", sync_ms},
+                                {"sync_mb_per_s", mb / sync_ms * 1e3}, {"async_block_ms", block_ms},
+                                {"async_ms", async_ms}, {"load_ms", load_ms}, {"load_mb_per_s", mb / load_ms * 1e3},
+                                {"torch_save_ms", torch_ms}, {"torch_save_mb_per_s", mb / torch_ms * 1e3}}
+                     .dump()
+              << std::endl;
+    return 0;
+  });
+}

@@ -1,0 +1,161 @@
+// Telemetry and the run record, with the real trainer: meta.json (reproduce), metrics.jsonl and
+// TensorBoard (healthy), anomaly evidence and profiler traces (why did it break).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/testutil.h"
+#include "trainer/tensorboard.h"
+
+namespace lm {
+namespace {
+
+using test::TempDir;
+using json = nlohmann::json;
+
+class TelemetryE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    data_ = test::make_bytes_dataset(dir_->path());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static TempDir* dir_;
+  static std::string data_;
+
+  test::RunResult train(const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + data_, "run.dir=" + run,
+                                  "eval.batches=2", "train.threads=1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return test::run_bin("trainer", a);
+  }
+};
+TempDir* TelemetryE2E::dir_ = nullptr;
+std::string TelemetryE2E::data_;
+
+json read_json(const std::string& path) { return json::parse(test::read_text(path)); }
+
+TEST_F(TelemetryE2E, MetaJsonRecordsHowToReproduceAndHowItEnded) {
+  TempDir run;
+  auto r = train(run.path(), {"train.max_steps=6", "log.every_steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = read_json(run / "meta.json");
+  EXPECT_EQ(m["format"], "lmtrain-meta");
+  EXPECT_EQ(m["status"], "completed");
+  EXPECT_EQ(m["exit_code"], 0);
+  EXPECT_EQ(m["code"]["commit"].get<std::string>().size(), 40u);
+  EXPECT_TRUE(m["code"]["dirty"].is_boolean());
+  EXPECT_NE(m["command"].get<std::string>().find("train.max_steps=6"), std::string::npos);
+  EXPECT_EQ(m["config"]["train"]["max_steps"], 6);
+  EXPECT_EQ(m["config"]["model"]["arch"], "gpt");
+  const auto manifest = read_json(data_ + "/manifest.json");
+  EXPECT_EQ(m["data"]["data_version"], manifest["data_version"]);
+  EXPECT_EQ(m["data"]["tokenizer"]["hash"], manifest["tokenizer"]["hash"]);
+  EXPECT_FALSE(m["host"]["hostname"].get<std::string>().empty());
+  EXPECT_FALSE(m["host"]["cpu_model"].get<std::string>().empty());
+  EXPECT_GE(m["host"]["cpu_cores"].get<int>(), 1);
+  EXPECT_TRUE(m["gpu"].is_null());
+  EXPECT_FALSE(m["libtorch"].get<std::string>().empty());
+  EXPECT_EQ(m["world_size"], 1);
+  EXPECT_FALSE(m["end_time"].is_null());
+  // A second, resumed attempt keeps the first one in "attempts".
+  ASSERT_EQ(train(run.path(), {"train.max_steps=8", "log.every_steps=2"}).exit_code, 0);
+  m = read_json(run / "meta.json");
+  ASSERT_EQ(m["attempts"].size(), 1u);
+  EXPECT_EQ(m["attempts"][0]["status"], "completed");
+}
+
+TEST_F(TelemetryE2E, StopIsRecorded) {  // failures: see AnomalyEvidenceAndSkippedUpdate
+  TempDir stopped;
+  auto p = test::spawn_bin("trainer", {test::source_path("configs/tiny.yaml"), "data.train=" + data_,
+                                        "run.dir=" + stopped.path(), "train.max_steps=100000", "log.every_steps=1"},
+                           stopped / "out");
+  ASSERT_TRUE(test::wait_until(p, [&] { return test::last_train_step(stopped / "metrics.jsonl") >= 2; }));
+  test::kill_proc(p, SIGTERM);
+  ASSERT_EQ(test::wait_proc(p), 0);
+  auto m = read_json(stopped / "meta.json");
+  EXPECT_EQ(m["status"], "stopped");
+  EXPECT_EQ(m["exit_code"], 0);
+}
+
+TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
+  TempDir run;
+  ASSERT_EQ(train(run.path(), {"train.max_steps=12", "log.every_steps=3", "eval.every_steps=6",
+                               "log.long_window_s=0.0001"}).exit_code, 0);
+  std::vector<json> train_recs;
+  for (auto& l : test::metrics_of_kind(run / "metrics.jsonl", "train")) train_recs.push_back(json::parse(l));
+  ASSERT_EQ(train_recs.size(), 4u);
+  for (auto& j : train_recs) {
+    for (auto key : {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_rank", "step_ms", "data_wait_ms",
+                     "data_wait_pct", "mem_mb", "tokens", "epoch", "batch_hash", "time"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_TRUE(j["mfu_pct"].is_null()) << "MFU must be unknown on CPU without log.peak_tflops";
+    EXPECT_GT(j["mem_mb"].get<double>(), 1.0);
+  }
+  EXPECT_GE(test::metrics_of_kind(run / "metrics.jsonl", "window").size(), 3u);  // long-window aggregates
+  std::string events;
+  for (auto& e : std::filesystem::directory_iterator(run.path()))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
+  ASSERT_FALSE(events.empty());
+  std::map<std::pair<std::string, int64_t>, double> tb;
+  for (auto& s : read_tensorboard_scalars(events)) tb[{s.tag, s.step}] = s.value;
+  for (auto& j : train_recs)
+    EXPECT_FLOAT_EQ(tb.at({"train/loss", j["step"].get<int64_t>()}), j["loss"].get<float>());
+  EXPECT_TRUE(tb.count({"val/loss", 6}));
+  EXPECT_TRUE(tb.count({"window/tokens_per_s_mean", 3}) || tb.count({"window/tokens_per_s_mean", 6}));
+  // A configured peak gives an MFU number.
+  TempDir run2;
+  ASSERT_EQ(train(run2.path(), {"train.max_steps=2", "log.every_steps=1", "log.peak_tflops=1"}).exit_code, 0);
+  auto rec = json::parse(test::metrics_of_kind(run2 / "metrics.jsonl", "train").back());
+  EXPECT_GT(rec["mfu_pct"].get<double>(), 0.0);
+}
+
+TEST_F(TelemetryE2E, AnomalyEvidenceAndSkippedUpdate) {
+  TempDir run;
+  // Every step after the warm-up counts as a spike (factor 0.5): updates are skipped, so the
+  // weights of step 3 and step 6 are identical, and the batches are kept for replay.
+  auto r = train(run.path(), {"train.max_steps=6", "log.every_steps=1", "checkpoint.every_steps=3",
+                              "checkpoint.keep_last=0", "anomaly.spike_factor=0.5", "anomaly.warmup_steps=3",
+                              "anomaly.window=2", "anomaly.max_dumps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(test::read_text(run / "checkpoints/step_00000003/model.safetensors"),
+            test::read_text(run / "checkpoints/step_00000006/model.safetensors"));
+  EXPECT_EQ(test::metrics_of_kind(run / "metrics.jsonl", "anomaly").size(), 3u);
+  const std::string dir = run / "anomalies/step_00000004";
+  auto step = read_json(dir + "/step.json");
+  EXPECT_NE(step["reason"].get<std::string>().find("loss spike"), std::string::npos);
+  EXPECT_EQ(step["action"], "skip");
+  auto batch = read_json(dir + "/rank_0.json");
+  EXPECT_EQ(batch["data_version"], read_json(data_ + "/manifest.json")["data_version"]);
+  auto row = batch["micro_batches"][0]["rows"][0];
+  EXPECT_EQ(row["inputs"].size(), 64u);
+  EXPECT_EQ(row["shard_file"].get<std::string>().rfind("train_", 0), 0u);
+  EXPECT_TRUE(row.contains("doc") && row.contains("offset"));
+  EXPECT_FALSE(std::filesystem::exists(run / "anomalies/step_00000006"));  // max_dumps
+  // action=stop: a checkpoint, then exit 1 naming the anomaly.
+  TempDir stop;
+  r = train(stop.path(), {"train.max_steps=20", "anomaly.spike_factor=0.5", "anomaly.warmup_steps=3",
+                          "anomaly.window=2", "anomaly.action=stop"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("stopped at step 4 by an anomaly"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(stop / "checkpoints/step_00000004/manifest.json"));
+  EXPECT_EQ(read_json(stop / "meta.json")["status"], "failed");
+}
+
+TEST_F(TelemetryE2E, ProfilerTraceOfChosenSteps) {
+  TempDir run;
+  ASSERT_EQ(train(run.path(), {"train.max_steps=5", "log.profile_steps=2-3"}).exit_code, 0);
+  auto trace = json::parse(test::read_text(run / "profile/steps_2-3.rank0.trace.json"));
+  ASSERT_TRUE(trace.is_array());
+  EXPECT_GT(trace.size(), 50u);
+  bool matmul = false;
+  for (auto& ev : trace) matmul |= ev.value("name", "").find("mm") != std::string::npos;
+  EXPECT_TRUE(matmul);
+  EXPECT_EQ(train(run.path() + "_bad", {"log.profile_steps=3-1"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace lm

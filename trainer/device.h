@@ -1,0 +1,47 @@
+// Device-specific pieces, the only translation unit with CUDA headers (compiled where LibTorch has
+// CUDA): batch upload, memory and hardware facts, MFU peaks.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lm {
+
+// Host batches to device tensors. On CPU the tensor wraps the loader's buffer (no copy). On CUDA
+// the batch is staged in pinned memory and copied host-to-device with a non_blocking copy on a
+// side stream; the compute stream waits on an event, so the copy overlaps compute already queued.
+class BatchUploader {
+ public:
+  explicit BatchUploader(const torch::Device& device);
+  ~BatchUploader();
+  // (rows, cols) int64 on the device. On CPU it aliases `data`, which must outlive the tensor.
+  torch::Tensor upload(std::vector<int64_t>& data, int64_t rows, int64_t cols);
+
+ private:
+  struct Cuda;
+  torch::Device device_;
+  std::unique_ptr<Cuda> cuda_;
+};
+
+// Memory in MB: CUDA peak allocated since the last reset, or this process's CPU resident set.
+double memory_mb(const torch::Device& device);
+void reset_peak_memory(const torch::Device& device);
+
+// The accelerator for meta.json: model, driver, CUDA and NCCL versions, count; empty on CPU.
+struct GpuInfo {
+  std::string model, driver, cuda, nccl;
+  int count = 0;
+};
+GpuInfo gpu_info(const torch::Device& device);
+
+// Dense peak TFLOP/s of one device for `dtype` ("bf16", "fp32") from a table of known GPUs
+// (H100, H200, A100), 0 when unknown (CPUs, other GPUs).
+double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtype);
+
+// Waits for queued device work (for timing). No-op on CPU.
+void synchronize(const torch::Device& device);
+
+}  // namespace lm

@@ -1,0 +1,31 @@
+// RUN_DIR/meta.json: how to reproduce a run and how it ended. Written by rank 0 at start (status
+// "running") and rewritten at the end (completed / stopped / failed, exit code, error, end time).
+// Earlier attempts of the same run directory (resumes) are kept in "attempts".
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace lm {
+
+// hostname, CPU model and cores, memory: {"hostname", "cpu_model", "cpu_cores", "memory_gb"}.
+nlohmann::json host_info();
+// Now as "2026-11-30T01:23:45Z".
+std::string utc_now();
+
+class RunRecord {
+ public:
+  // meta: the run's facts (code, command, config, data, hardware...); start_time, status and the
+  // previous attempts are added here.
+  RunRecord(const std::string& run_dir, nlohmann::json meta);
+  // Final status: "completed", "stopped" (signal) or "failed" (with the error's message).
+  void finish(const std::string& status, int exit_code, const std::string& error = "");
+
+ private:
+  void write();
+  std::string path_;
+  nlohmann::json meta_;
+};
+
+}  // namespace lm
