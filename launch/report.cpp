@@ -577,8 +577,9 @@ std::string swatch(const std::string& colour, int style) {
 }
 
 // One chart as <figure> with an inline <svg data-chart=ID>, or "" with *note set when no run has
-// data for it.
-std::string render_chart(const ChartSpec& c, const std::vector<Run>& runs, const Options& o, std::string* note) {
+// data for it. `x_axis`: the steps, shared by all charts so that they line up.
+std::string render_chart(const ChartSpec& c, const std::vector<Run>& runs, const Axis& x_axis, const Options& o,
+                         std::string* note) {
   std::vector<Line> lines;
   for (size_t r = 0; r < runs.size(); ++r)
     for (size_t k = 0; k < c.series.size(); ++k) {
@@ -589,14 +590,11 @@ std::string render_chart(const ChartSpec& c, const std::vector<Run>& runs, const
     *note = c.empty_note;
     return "";
   }
-  double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
+  double ymin = INFINITY, ymax = -INFINITY;
   for (auto& l : lines)
-    for (auto& p : *l.s) {
-      xmin = std::min(xmin, p.step), xmax = std::max(xmax, p.step);
-      ymin = std::min(ymin, p.value), ymax = std::max(ymax, p.value);
-    }
+    for (auto& p : *l.s) ymin = std::min(ymin, p.value), ymax = std::max(ymax, p.value);
   const bool log_y = c.log_y && ymin > 0;
-  Axis xa = linear_axis(xmin > 0.2 * xmax ? xmin : 0, std::max(xmax, 1.0), 6, 1);
+  const Axis& xa = x_axis;
   Axis ya = log_y ? log_axis(ymin, ymax) : linear_axis(c.zero ? std::min(0.0, ymin) : ymin, c.zero ? std::max(0.0, ymax) : ymax, 5);
   auto X = [&](double v) { return kML + xa.frac(v) * kPW; };
   auto Y = [&](double v) { return kMT + (1 - ya.frac(v)) * kPH; };
@@ -809,7 +807,9 @@ std::string runs_table(const std::vector<Run>& runs) {
   std::vector<std::string> diff_cols;
   if (runs.size() > 1)
     for (auto& k : differing_keys(runs, &Run::config))
-      if (k != "run.dir" && diff_cols.size() < 8) diff_cols.push_back(k);
+      if (k != "run.dir" && diff_cols.size() < 8 &&
+          std::all_of(runs.begin(), runs.end(), [&](const Run& r) { return r.config.empty() || kv_find(r.config, k); }))
+        diff_cols.push_back(k);  // keys that only some configs have (older trainers) stay in the config table
   std::string s = "<div class=\"scroll\"><table class=\"runs\"><thead><tr><th>run</th><th>status</th><th>steps</th><th>tokens</th>"
                   "<th>train loss<br><span class=\"dim\">last</span></th><th>val loss<br><span class=\"dim\">last</span></th>"
                   "<th>val loss<br><span class=\"dim\">best @ step</span></th>"
@@ -1076,11 +1076,20 @@ std::string render_page(const std::vector<Run>& runs, const Options& o, int* cha
   h += "<section id=\"runs\"><h2>Runs</h2>\n" + runs_table(runs) + "</section>\n";
 
   h += "<section id=\"charts\"><h2>Charts</h2>\n<div class=\"charts\">\n";
+  // One step axis for every chart, over every charted series of every run.
+  double xmin = INFINITY, xmax = -INFINITY;
+  for (auto& c : chart_specs())
+    for (auto& sp : c.series)
+      for (auto& r : runs)
+        if (auto it = r.series.find(sp.key); it != r.series.end() && !it->second.empty())
+          xmin = std::min(xmin, it->second.front().step), xmax = std::max(xmax, it->second.back().step);
+  if (!(xmin <= xmax)) xmin = xmax = 0;
+  const Axis x_axis = linear_axis(xmin > 0.2 * xmax ? xmin : 0, std::max(xmax, 1.0), 6, 1);
   std::string skipped;
   *charts_drawn = 0;
   for (auto& c : chart_specs()) {
     std::string note;
-    std::string fig = render_chart(c, runs, o, &note);
+    std::string fig = render_chart(c, runs, x_axis, o, &note);
     if (fig.empty()) {
       skipped += "<li data-chart=\"" + std::string(c.id) + "\"><b>" + esc(c.title) + "</b>: " + esc(note) + "</li>";
     } else {

@@ -268,8 +268,20 @@ TEST(Report, OverlayOfThreeRuns) {
     const std::string fig = figure_of(h, id);
     for (const char* name : {"lr3e-3", "lr1e-3", "noval"}) EXPECT_NE(fig.find(name), std::string::npos) << id << " legend";
   }
-  // The x axis spans the longest run: its last value is in a hover title.
+  // The x axis spans the longest run (its last value is in a hover title), the same in every chart.
   EXPECT_NE(svg_of(h, "lr").find("noval = 0.003 @ 150"), std::string::npos);
+  auto x_ticks = [](const std::string& chart) {
+    const size_t g = chart.find("<g class=\"ticks\">");
+    const std::string svg = chart.substr(g, chart.find("</g>", g) - g);
+    std::vector<std::string> out;
+    std::regex re(R"re(text-anchor="middle">([^<]*)</text>)re");
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), re); it != std::sregex_iterator(); ++it)
+      out.push_back((*it)[1].str());
+    return out;
+  };
+  EXPECT_GE(x_ticks(svg_of(h, "loss")).size(), 4u);
+  for (const char* id : {"lr", "throughput", "data_wait", "grad_norm"})
+    EXPECT_EQ(x_ticks(svg_of(h, id)), x_ticks(svg_of(h, "loss"))) << id;
 
   // Config side by side: optim.lr and train.max_steps differ (highlighted, the changed cells marked),
   // model.n_layer does not.
