@@ -5,7 +5,7 @@
 //     sync_ms / sync_mb_per_s      Checkpointer save, synchronous (write + fsync + commit)
 //     async_block_ms / async_ms    Checkpointer save with checkpoint.async (fork snapshot): the
 //                                  time training is blocked, and until the files are committed
-//     load_ms / load_mb_per_s      Checkpointer::verify + load (checksums, safetensors parse)
+//     load_ms / load_mb_per_s      Checkpointer::load_resume (one pass: read + checksum)
 //     torch_save_ms / torch_save_mb_per_s   torch::save of the same tensors, then fsync
 // The dd baseline of the same byte count runs in bench/checkpoint.sh (same disk, same run).
 #include <CLI/CLI.hpp>
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
         lm::Checkpointer ck(cc, dir + "/sync", 0, 1);
         ::sync();
         auto t0 = Clock::now();
-        const std::string found = ck.find_resume();  // verifies every checksum
-        auto loaded = ck.load(found);
+        lm::CheckpointState loaded;
+        ck.load_resume(&loaded);  // reads and verifies every file once
         load_ms = std::min(load_ms, ms_since(t0));
         if (loaded.model.size() != st.model.size()) throw lm::Error("load returned the wrong tensors");
       }

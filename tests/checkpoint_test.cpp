@@ -42,8 +42,8 @@ TEST(Checkpoint, LayoutManifestAndRoundTrip) {
   EXPECT_EQ(names(dir), (std::vector<std::string>{"manifest.json", "model.safetensors", "optimizer.safetensors",
                                                   "rank_0.json", "state.json"}));
   EXPECT_EQ(Checkpointer::verify(dir), "");
-  EXPECT_EQ(ck.find_resume(), dir);
-  auto st = ck.load(dir);
+  CheckpointState st;
+  EXPECT_EQ(ck.load_resume(&st), dir);
   EXPECT_EQ(st.step, 7);
   EXPECT_EQ(st.state["magic"], kCheckpointMagic);
   EXPECT_EQ(st.rank_state["loader"]["cursor"], 70);
@@ -71,13 +71,16 @@ TEST(Checkpoint, DamagedOrIncompleteAreSkippedWithReason) {
   std::filesystem::remove(d3 + "/manifest.json");
   EXPECT_NE(Checkpointer::verify(d4).find("checksum mismatch"), std::string::npos);
   EXPECT_NE(Checkpointer::verify(d3).find("manifest.json"), std::string::npos);
-  EXPECT_EQ(ck.find_resume(), run / "checkpoints/step_00000002");
+  CheckpointState st;
+  EXPECT_EQ(ck.load_resume(&st), run / "checkpoints/step_00000002");
+  EXPECT_EQ(st.step, 2);
+  EXPECT_THROW(ck.load(d4), CheckpointError);  // the checksum is checked while loading
   // An explicit, damaged path is refused.
   cfg.resume = d4;
   Checkpointer explicit_ck(cfg, run.path(), 0, 1);
-  EXPECT_THROW(explicit_ck.find_resume(), CheckpointError);
+  EXPECT_THROW(explicit_ck.load_resume(&st), CheckpointError);
   cfg.resume = "none";
-  EXPECT_EQ(Checkpointer(cfg, run.path(), 0, 1).find_resume(), "");
+  EXPECT_EQ(Checkpointer(cfg, run.path(), 0, 1).load_resume(&st), "");
 }
 
 TEST(Checkpoint, RetentionKeepsNewestAndMilestones) {
@@ -98,7 +101,8 @@ TEST(Checkpoint, StaleTempDirsRemovedAndNeverResumed) {
   CheckpointConfig cfg;
   Checkpointer ck(cfg, run.path(), 0, 1);
   EXPECT_FALSE(std::filesystem::exists(run / "checkpoints/step_00000005.tmp"));
-  EXPECT_EQ(ck.find_resume(), "");
+  CheckpointState st;
+  EXPECT_EQ(ck.load_resume(&st), "");
 }
 
 TEST(Checkpoint, AsyncForkWritesTheSnapshotNotLaterChanges) {
@@ -132,7 +136,8 @@ TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
   auto r = ck.finished();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_NE(r[0].error.find("step_00000002.tmp"), std::string::npos) << r[0].error;
-  EXPECT_EQ(ck.find_resume(), run / "checkpoints/step_00000001");
+  CheckpointState st;
+  EXPECT_EQ(ck.load_resume(&st), run / "checkpoints/step_00000001");
   cfg.on_error = "stop";
   Checkpointer strict(cfg, run.path(), 0, 1);
   test::write_text(run / "checkpoints/step_00000003.tmp", "in the way");
@@ -161,6 +166,12 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
     bad[bad.size() / 2] ^= 0x01;
     test::write_text(path, bad);
     EXPECT_EQ(Checkpointer::verify(dir), path + ": checksum mismatch") << name;
+    try {
+      ck.load(dir);
+      ADD_FAILURE() << "load accepted a flipped byte in " << name;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
     test::write_text(path, orig);
     EXPECT_EQ(Checkpointer::verify(dir), "") << name;
   }

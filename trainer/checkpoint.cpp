@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
+#include <map>
 
 #include "trainer/errors.h"
 #include "trainer/fileio.h"
@@ -252,70 +253,120 @@ void Checkpointer::prune() {
   }
 }
 
-std::string Checkpointer::verify(const std::string& dir) {
+namespace {
+
+// manifest.json's files: name -> {bytes, xxh64}. "" in *why when the manifest is valid and every
+// file it lists exists with its size (a cheap check); checksums are left to the reader.
+std::map<std::string, std::pair<uint64_t, std::string>> read_manifest(const std::string& dir, std::string* why) {
+  std::map<std::string, std::pair<uint64_t, std::string>> files;
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(fs::read_file(dir + "/manifest.json"));
   } catch (const std::exception& e) {
-    return "no readable manifest.json (" + std::string(e.what()) + ")";
+    *why = "no readable manifest.json (" + std::string(e.what()) + ")";
+    return files;
   }
   try {
-    if (m.at("magic") != kCheckpointMagic) return "manifest.json: not a checkpoint manifest (bad magic)";
-    if (m.at("version") != kCheckpointVersion)
-      return "manifest.json: format version " + m.at("version").dump() + ", this build reads " + std::to_string(kCheckpointVersion);
+    if (m.at("magic") != kCheckpointMagic) {
+      *why = "manifest.json: not a checkpoint manifest (bad magic)";
+      return files;
+    }
+    if (m.at("version") != kCheckpointVersion) {
+      *why = "manifest.json: format version " + m.at("version").dump() + ", this build reads " +
+             std::to_string(kCheckpointVersion);
+      return files;
+    }
     for (auto& f : m.at("files")) {
-      const std::string path = dir + "/" + f.at("name").get<std::string>();
+      const std::string name = f.at("name").get<std::string>(), path = dir + "/" + name;
       std::error_code ec;
       auto size = stdfs::file_size(path, ec);
-      if (ec) return path + ": missing";
-      if (size != f.at("bytes").get<uint64_t>()) return path + ": size differs from manifest.json";
-      if (fs::hex64(fs::xxh64_file(path)) != f.at("xxh64").get<std::string>()) return path + ": checksum mismatch";
+      if (ec) {
+        *why = path + ": missing";
+        return files;
+      }
+      if (size != f.at("bytes").get<uint64_t>()) {
+        *why = path + ": size differs from manifest.json";
+        return files;
+      }
+      files[name] = {size, f.at("xxh64").get<std::string>()};
     }
   } catch (const std::exception& e) {
-    return "manifest.json: " + std::string(e.what());
+    *why = "manifest.json: " + std::string(e.what());
   }
-  return "";
+  return files;
 }
 
-std::string Checkpointer::find_resume() const {
+}  // namespace
+
+std::string Checkpointer::verify(const std::string& dir) {
+  std::string why;
+  for (auto& [name, f] : read_manifest(dir, &why)) {
+    if (!why.empty()) break;
+    if (fs::hex64(fs::xxh64_file(dir + "/" + name)) != f.second) return dir + "/" + name + ": checksum mismatch";
+  }
+  return why;
+}
+
+std::string Checkpointer::load_resume(CheckpointState* out) {
   if (cfg_.resume == "none") return "";
   if (cfg_.resume != "auto") {
-    if (auto why = verify(cfg_.resume); !why.empty())
-      throw CheckpointError("checkpoint.resume=" + cfg_.resume + ": " + why);
+    try {
+      *out = load(cfg_.resume);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError("checkpoint.resume=" + cfg_.resume + ": " + e.what());
+    }
     return cfg_.resume;
   }
   for (auto& [step, dir] : list_checkpoints(ckpt_dir_)) {
-    auto why = verify(dir);
-    if (why.empty()) return dir;
-    log::warn("skipping checkpoint " + dir + ": " + why);
+    try {
+      *out = load(dir);
+      return dir;
+    } catch (const CheckpointError& e) {
+      log::warn("skipping checkpoint " + dir + ": " + e.what());
+    }
   }
   return "";
 }
 
 CheckpointState Checkpointer::load(const std::string& dir) {
+  std::string why;
+  const auto files = read_manifest(dir, &why);
+  if (!why.empty()) throw CheckpointError(why);
+  // Every file is checked against the manifest's checksum in the same pass that reads it.
+  auto read_json = [&](const std::string& name) {
+    const std::string path = dir + "/" + name;
+    auto it = files.find(name);
+    if (it == files.end()) throw CheckpointError(path + ": not listed in manifest.json");
+    std::string bytes;
+    try {
+      bytes = fs::read_file(path);
+    } catch (const DataError& e) {
+      throw CheckpointError(e.what());
+    }
+    if (fs::hex64(fs::xxh64(bytes.data(), bytes.size())) != it->second.second) throw CheckpointError(path + ": checksum mismatch");
+    try {
+      return nlohmann::json::parse(bytes);
+    } catch (const std::exception& e) {
+      throw CheckpointError(path + ": " + e.what());
+    }
+  };
+  auto read_tensors = [&](const std::string& name) {
+    auto it = files.find(name);
+    if (it == files.end()) throw CheckpointError(dir + "/" + name + ": not listed in manifest.json");
+    return load_safetensors(dir + "/" + name, nullptr, it->second.second);
+  };
   CheckpointState st;
-  try {
-    st.state = nlohmann::json::parse(fs::read_file(dir + "/state.json"));
-  } catch (const std::exception& e) {
-    throw CheckpointError(dir + "/state.json: " + e.what());
-  }
+  st.state = read_json("state.json");
   if (st.state.value("magic", "") != kCheckpointMagic || st.state.value("version", 0) != kCheckpointVersion)
     throw CheckpointError(dir + "/state.json: not a version " + std::to_string(kCheckpointVersion) + " checkpoint");
-  st.step = last_save_step_ = st.state.at("step").get<int64_t>();
-  st.model = load_safetensors(dir + "/model.safetensors");
-  st.optimizer = load_safetensors(dir + "/optimizer.safetensors");
-  if (fs::exists(dir + "/ema.safetensors")) st.ema = load_safetensors(dir + "/ema.safetensors");
+  st.model = read_tensors("model.safetensors");
+  st.optimizer = read_tensors("optimizer.safetensors");
+  if (files.count("ema.safetensors")) st.ema = read_tensors("ema.safetensors");
   // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
   // global; its "rank" field tells the trainer the RNG state is not its own.
-  std::string rank_file = dir + "/rank_" + std::to_string(rank_) + ".json";
-  if (!fs::exists(rank_file)) rank_file = dir + "/rank_0.json";
-  if (fs::exists(rank_file)) {
-    try {
-      st.rank_state = nlohmann::json::parse(fs::read_file(rank_file));
-    } catch (const std::exception& e) {
-      throw CheckpointError(rank_file + ": " + e.what());
-    }
-  }
+  const std::string mine = "rank_" + std::to_string(rank_) + ".json";
+  st.rank_state = read_json(files.count(mine) ? mine : "rank_0.json");
+  st.step = last_save_step_ = st.state.at("step").get<int64_t>();
   return st;
 }
 

@@ -73,17 +73,20 @@ class Checkpointer {
   // every_steps: auto). Logs the chosen interval when it changes.
   bool due(int64_t step, double step_s);
 
-  // The checkpoint directory to resume from per cfg.resume, or "" for a fresh start. "auto" takes
-  // the newest directory under RUN_DIR/checkpoints that verifies and warns about each one skipped
-  // and why; an explicit path that does not verify throws CheckpointError.
-  std::string find_resume() const;
-  // Reads a verified checkpoint for this rank (and counts it as the last save); a rank the
-  // checkpoint has no file for gets rank 0's. Throws CheckpointError naming the file on error.
+  // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
+  // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
+  // checksums verify; each one skipped is logged with why. An explicit path that does not verify
+  // throws CheckpointError.
+  std::string load_resume(CheckpointState* out);
+  // Reads a checkpoint for this rank, checking every file it reads against manifest.json's size
+  // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
+  // the last save. Throws CheckpointError naming the file.
   CheckpointState load(const std::string& dir);
   // Step of the last save started (or loaded).
   int64_t last_save_step() const { return last_save_step_; }
 
-  // "" when dir is a complete checkpoint whose files all match manifest.json, else why not.
+  // "" when dir is a complete checkpoint whose files all match manifest.json, else why not
+  // (reads every file).
   static std::string verify(const std::string& dir);
   const std::string& dir() const { return ckpt_dir_; }
 

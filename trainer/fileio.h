@@ -68,6 +68,23 @@ void make_dirs(const std::string& dir);
 void remove_all(const std::string& path);
 bool exists(const std::string& path);
 
+// Streaming xxh64 (seed 0).
+class Xxh64 {
+ public:
+  Xxh64();
+  ~Xxh64();
+  Xxh64(const Xxh64&) = delete;
+  Xxh64& operator=(const Xxh64&) = delete;
+  void update(const void* data, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;
+};
+
+// Reads exactly n bytes at `offset` of fd into dst. Throws DataError naming `path` otherwise.
+void pread_all(int fd, const std::string& path, uint64_t offset, void* dst, size_t n);
+
 // xxh64 of a buffer / of a file's bytes (streamed). Seed 0.
 uint64_t xxh64(const void* data, size_t n, uint64_t seed = 0);
 uint64_t xxh64_file(const std::string& path);

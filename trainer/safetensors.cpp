@@ -3,7 +3,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "trainer/errors.h"
@@ -64,50 +69,91 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   f.commit();
 }
 
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::string bytes;
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata,
+                              const std::string& expect_xxh64) {
+  auto fail = [&](const std::string& why) { throw CheckpointError(path + ": not a valid safetensors file (" + why + ")"); };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0) throw CheckpointError(path + ": cannot stat");
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
   try {
-    bytes = fs::read_file(path);
+    if (file_size < 8) fail("too short");
+    uint64_t hlen;
+    fs::pread_all(fd, path, 0, &hlen, 8);
+    if (hlen > file_size - 8) fail("header length beyond end of file");
+    std::string head(hlen, '\0');
+    fs::pread_all(fd, path, 8, head.data(), hlen);
+    fs::Xxh64 hash;
+    hash.update(&hlen, 8);
+    hash.update(head.data(), head.size());
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(head);
+    } catch (const std::exception& e) {
+      fail(std::string("bad header JSON: ") + e.what());
+    }
+    const uint64_t data_start = 8 + hlen, data_size = file_size - data_start;
+    struct Entry {
+      uint64_t begin, end;
+      std::string name;
+      torch::Tensor t;
+    };
+    std::vector<Entry> entries;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (metadata)
+          for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
+        continue;
+      }
+      try {
+        auto dt = it->at("dtype").get<std::string>();
+        auto shape = it->at("shape").get<std::vector<int64_t>>();
+        auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
+        auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
+        if (found == dtype_names().end()) fail("tensor " + it.key() + ": unknown dtype " + dt);
+        auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
+        if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
+            offs[1] - offs[0] != static_cast<uint64_t>(t.numel() * t.element_size()))
+          fail("tensor " + it.key() + ": bad data_offsets");
+        entries.push_back({offs[0], offs[1], it.key(), t});
+      } catch (const nlohmann::json::exception& e) {
+        fail("tensor " + it.key() + ": " + e.what());
+      }
+    }
+    // Tensors in file order, read straight into their memory; gaps (not written by us, but legal to
+    // meet) are read too so the checksum covers every byte.
+    std::sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+    uint64_t pos = 0;
+    std::string gap;
+    for (auto& e : entries) {
+      if (e.begin < pos) fail("tensor " + e.name + ": overlapping data_offsets");
+      if (e.begin > pos) {
+        gap.resize(e.begin - pos);
+        fs::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
+        hash.update(gap.data(), gap.size());
+      }
+      fs::pread_all(fd, path, data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
+      hash.update(e.t.data_ptr(), e.end - e.begin);
+      pos = e.end;
+    }
+    if (pos < data_size) {
+      gap.resize(data_size - pos);
+      fs::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
+      hash.update(gap.data(), gap.size());
+    }
+    if (!expect_xxh64.empty() && fs::hex64(hash.digest()) != expect_xxh64) throw CheckpointError(path + ": checksum mismatch");
+    NamedTensors out;
+    for (auto& e : entries) out.emplace_back(e.name, e.t);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    return out;
   } catch (const DataError& e) {
     throw CheckpointError(e.what());
   }
-  auto fail = [&](const std::string& why) { throw CheckpointError(path + ": not a valid safetensors file (" + why + ")"); };
-  if (bytes.size() < 8) fail("too short");
-  uint64_t hlen;
-  std::memcpy(&hlen, bytes.data(), 8);
-  if (hlen > bytes.size() - 8) fail("header length beyond end of file");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.substr(8, hlen));
-  } catch (const std::exception& e) {
-    fail(std::string("bad header JSON: ") + e.what());
-  }
-  const uint64_t data_start = 8 + hlen, data_size = bytes.size() - data_start;
-  NamedTensors out;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (metadata)
-        for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
-      continue;
-    }
-    try {
-      auto dt = it->at("dtype").get<std::string>();
-      auto shape = it->at("shape").get<std::vector<int64_t>>();
-      auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
-      auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
-      if (found == dtype_names().end()) fail("tensor " + it.key() + ": unknown dtype " + dt);
-      auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
-      uint64_t nbytes = t.numel() * t.element_size();
-      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size || offs[1] - offs[0] != nbytes)
-        fail("tensor " + it.key() + ": bad data_offsets");
-      std::memcpy(t.data_ptr(), bytes.data() + data_start + offs[0], nbytes);
-      out.emplace_back(it.key(), t);
-    } catch (const nlohmann::json::exception& e) {
-      fail("tensor " + it.key() + ": " + e.what());
-    }
-  }
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  return out;
 }
 
 NamedTensors module_tensors(const torch::nn::Module& m) {

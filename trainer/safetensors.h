@@ -31,8 +31,11 @@ SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& te
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-// Tensors on CPU, sorted by name. Throws CheckpointError naming the file when it is malformed.
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+// Tensors on CPU, sorted by name, read straight into their memory in one pass. With expect_xxh64
+// (16 hex digits) the file's checksum is computed in that pass and must match. Throws
+// CheckpointError naming the file when it is malformed, short or does not match.
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
+                              const std::string& expect_xxh64 = "");
 
 // Copies `tensors` into the module's parameters and buffers by name. Throws CheckpointError naming
 // the first missing, unexpected or mis-shaped tensor.

@@ -461,11 +461,8 @@ class Trainer {
   void find_and_load_resume() {
     int64_t step = -1;
     if (rank_ == 0) {
-      resume_dir_ = ckpt_->find_resume();
-      if (!resume_dir_.empty()) {
-        resume_state_ = ckpt_->load(resume_dir_);
-        step = resume_state_.step;
-      }
+      resume_dir_ = ckpt_->load_resume(&resume_state_);
+      if (!resume_dir_.empty()) step = resume_state_.step;
     }
     if (comm_) {
       auto t = torch::tensor({step}, torch::kLong);
