@@ -21,6 +21,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/errors.h"
 #include "trainer/fileio.h"
+#include "trainer/host_allocator.h"
 #include "trainer/optim.h"
 
 namespace {
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
       if (e.get_exit_code() == 0) return app.exit(e);
       throw lm::UsageError(e.what());
     }
+    lm::install_caching_host_allocator();  // as the trainer does
     lm::ModelConfig mc;
     mc.n_layer = 12, mc.n_head = 12, mc.d_model = 768, mc.seq_len = 1024;
     torch::manual_seed(0);
