@@ -35,12 +35,13 @@ for r in $(seq "$ROUNDS"); do
         --heads "$HEADS" --dim "$DIM" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
         --steps "$STEPS" --warmup 2 | tail -n 1)
   peer+=("$(echo "$p" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
-  build/bin/trainer configs/tiny.yaml "run.dir=$WORK/run" "data.train=$WORK/data" \
+  build/bin/trainer configs/tiny.yaml "run.dir=$WORK/run$r" "data.train=$WORK/data" \
       "model.n_layer=$LAYERS" "model.n_head=$HEADS" "model.d_model=$DIM" "model.seq_len=$SEQ" \
       "model.vocab_size=$VOCAB" "train.micro_batch_size=$BATCH" "train.threads=$THREADS" \
-      "train.max_steps=$((STEPS + 2))" "log.every_steps=$((STEPS + 2))" "eval.batches=0" >/dev/null 2>&1
+      "train.max_steps=$((STEPS + 2))" "log.every_steps=$((STEPS + 2))" "eval.batches=0" \
+      "log.tensorboard=false" >/dev/null 2>&1
   # summary.json tokens_per_s excludes the first step (warm-up).
-  cpp+=("$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$WORK/run/summary.json")")
+  cpp+=("$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$WORK/run$r/summary.json")")
   echo "round $r: peer ${peer[-1]} tok/s, c++ ${cpp[-1]} tok/s" >&2
 done
 /usr/bin/python3 - "${peer[*]}" "${cpp[*]}" <<PY
