@@ -2,6 +2,7 @@
 // CUDA on the GPU machine). Everything else calls these wrappers.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -67,6 +68,38 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
   att = torch::softmax(att, -1);
   if (train && dropout_p > 0) att = torch::dropout(att, dropout_p, true);
   return torch::matmul(att, v);
+#endif
+}
+
+// bf16 autocast on CUDA: enable / disable (2.4 made the API per device type).
+inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
+#if LM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+#else
+  at::autocast::set_enabled(enabled);
+  at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+// The autocast cast cache keeps bf16 copies of fp32 weights until cleared; Python's
+// torch.autocast clears it on exit, C++ must do it after every forward/backward (else later steps
+// reuse copies of weights the optimizer has since changed).
+inline void clear_autocast_cache() { at::autocast::clear_cache(); }
+
+// at::_fused_adamw_ (one multi-tensor CUDA kernel; LibTorch >= 2.1). Returns false when this
+// LibTorch has none, so the caller falls back to its own update. state_steps are float tensors
+// on the device, incremented by the kernel.
+inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
+                        double beta2, double weight_decay, double eps) {
+#if LM_TORCH_AT_LEAST(2, 1)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)state_steps;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  return false;
 #endif
 }
 

@@ -228,6 +228,7 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = its default", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
 
+  s.choice("train.dtype", &c.train.dtype, "compute dtype (bf16: CUDA autocast)", {"fp32", "bf16"});
   s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights per step; 0 = off", 0, false, 1, true);
 
   s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = at the end; auto", 0);

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "trainer/compat.h"
+
 namespace lm {
 
 FlatParams::FlatParams(torch::nn::Module& module) {
@@ -83,6 +85,26 @@ void AdamW::step(double lr) {
     return;
   }
   torch::NoGradGuard ng;
+  if (p.is_cuda()) {  // one fused kernel per decay group where LibTorch has it
+    if (steps_.empty())
+      for (size_t i = 0; i < flat_.decay_runs().size(); ++i)
+        steps_.push_back(torch::full({}, static_cast<double>(t_ - 1), p.options().dtype(torch::kFloat)));
+    bool fused = true;
+    for (int decay = 0; decay < 2 && fused; ++decay) {
+      std::vector<torch::Tensor> ps, gs, ms, vs, ts;
+      for (size_t i = 0; i < flat_.decay_runs().size(); ++i) {
+        const auto& run = flat_.decay_runs()[i];
+        if (run.decay != (decay == 1)) continue;
+        ps.push_back(p.narrow(0, run.offset, run.numel));
+        gs.push_back(g.narrow(0, run.offset, run.numel));
+        ms.push_back(m_.narrow(0, run.offset, run.numel));
+        vs.push_back(v_.narrow(0, run.offset, run.numel));
+        ts.push_back(steps_[i]);
+      }
+      if (!ps.empty()) fused = compat::fused_adamw(ps, gs, ms, vs, ts, lr, b1, b2, decay ? wd : 0.0, eps);
+    }
+    if (fused) return;
+  }
   if (wd > 0)
     for (const auto& run : flat_.decay_runs())
       if (run.decay) p.narrow(0, run.offset, run.numel).mul_(1.0 - lr * wd);

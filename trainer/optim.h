@@ -49,7 +49,8 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 // AdamW with decoupled weight decay, the same update as torch.optim.AdamW (non-amsgrad):
 //   p *= 1 - lr*wd (decayed entries only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
-// On CPU float32 one fused, multi-threaded pass over the flat buffers.
+// On CPU float32 one fused, multi-threaded pass over the flat buffers; on CUDA at::_fused_adamw_
+// where LibTorch has it (>= 2.1), else the same update as tensor ops.
 class AdamW {
  public:
   AdamW(FlatParams& flat, const OptimConfig& cfg);
@@ -57,13 +58,17 @@ class AdamW {
   int64_t steps() const { return t_; }
   torch::Tensor& exp_avg() { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
-  void set_steps(int64_t t) { t_ = t; }
+  void set_steps(int64_t t) {
+    t_ = t;
+    steps_.clear();  // the fused kernel's device-side counters are rebuilt from t_
+  }
 
  private:
   FlatParams& flat_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
   int64_t t_ = 0;
+  std::vector<torch::Tensor> steps_;  // CUDA fused path: per decay run, float step counters
 };
 
 // Learning rate at optimizer step `step` (0-based): linear warmup over warmup_steps to optim.lr,

@@ -170,6 +170,8 @@ class Trainer {
         log::warn("no validation data in " + val_manifest_.dir + ": validation disabled");
     }
     vocab_ = padded_vocab(cfg.model, data_vocab);
+    if (cfg.train.dtype == "bf16" && !device_.is_cuda())
+      throw ConfigError("key 'train.dtype': bf16 autocast needs a CUDA device (train.device=" + cfg.train.device + ")");
 
     const auto& run_dir = cfg.run.dir;
     fs::make_dirs(run_dir + "/logs");
@@ -227,7 +229,9 @@ class Trainer {
     if (!cfg.log.profile_steps.empty())
       std::sscanf(cfg.log.profile_steps.c_str(), "%lld-%lld", (long long*)&profile_from_, (long long*)&profile_to_);
     gpu_ = gpu_info(device_);
-    const double peak = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops : builtin_peak_tflops(gpu_.model, "fp32");
+    bf16_ = cfg.train.dtype == "bf16";
+    if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
+    const double peak = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops : builtin_peak_tflops(gpu_.model, cfg.train.dtype);
     peak_flops_ = peak * 1e12;
     log::info(peak_flops_ > 0 ? strf("MFU against %.0f TFLOP/s per device", peak)
                               : std::string("MFU unknown: no peak for this device (set log.peak_tflops)"));
@@ -287,8 +291,11 @@ class Trainer {
         auto x = uploader_->upload(b.inputs, b.rows, b.cols);
         auto y = uploader_->upload(b.targets, b.rows, b.cols);
         if (grad_sync_) grad_sync_->begin(m == accum - 1);
+        if (bf16_) compat::set_cuda_autocast(true);
         auto loss = b.rows > 0 ? model_->loss_sum(x, y) : torch::zeros({}, torch::TensorOptions().device(device_));
+        if (bf16_) compat::set_cuda_autocast(false);
         if (b.rows > 0) (loss / global_targets).backward();
+        if (bf16_) compat::clear_autocast_cache();
         loss_sum += loss.detach();
       }
       if (grad_sync_) grad_sync_->finish(step_ + 1);
@@ -650,7 +657,13 @@ class Trainer {
       double total = 0;
       for (int64_t i = 0; i < cfg_.eval.batches; ++i) {
         auto b = next_val_batch(*val_reader_, cfg_.train.micro_batch_size, cfg_.model.seq_len, buf, device_);
-        if (i % world_ == rank_) total += model_->loss(b.x, b.y).item<double>();
+        if (i % world_ != rank_) continue;
+        if (bf16_) compat::set_cuda_autocast(true);
+        total += model_->loss(b.x, b.y).item<double>();
+        if (bf16_) {
+          compat::set_cuda_autocast(false);
+          compat::clear_autocast_cache();
+        }
       }
       model_->train();
       if (comm_) {
@@ -719,6 +732,7 @@ class Trainer {
   std::unique_ptr<RunRecord> record_;
   GpuInfo gpu_;
   double peak_flops_ = 0;
+  bool bf16_ = false;  // CUDA bf16 autocast around forward passes
   int64_t profile_from_ = 0, profile_to_ = 0;
   std::deque<double> recent_losses_;  // anomaly running mean
   int64_t dumps_ = 0;

@@ -19,6 +19,7 @@ struct TrainConfig {
   int64_t threads = 0;            // LibTorch intra-op threads; 0 = LibTorch's default
   std::string device = "auto";    // auto | cpu | cuda
   double ema_decay = 0.0;         // EMA of the weights, updated every step; 0 = off
+  std::string dtype = "fp32";     // fp32 | bf16 (CUDA autocast; fp32 master weights and optimizer state)
 };
 
 struct LogConfig {
