@@ -11,6 +11,7 @@
 #include <map>
 
 #include "tests/testutil.h"
+#include "trainer/checkpoint.h"
 
 namespace lm {
 namespace {
@@ -220,6 +221,39 @@ TEST_F(ResumeE2E, WeightsReadableWithNumpyAlone) {
   auto r = test::run_bin("/usr/bin/python3", {run / "load.py", run / "model.safetensors"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("(320, 64)"), std::string::npos) << r.out;  // bytes vocab 258 padded to 320, d 64
+}
+
+}  // namespace
+}  // namespace lm
+
+namespace lm {
+namespace {
+
+// A real write failure in the middle of a save (a file-size limit: the checkpoint's files are
+// bigger than it, the metrics and logs are not): one clear error, earlier checkpoints intact, and
+// training stops (on_error=stop) or goes on (continue).
+TEST_F(ResumeE2E, FailedSaveKeepsEarlierCheckpointsAndStopsOrContinues) {
+  TempDir run;
+  auto base = quick_args(data_, run.path(), {"train.max_steps=5", "checkpoint.every_steps=5"});
+  ASSERT_EQ(test::run_bin("trainer", base).exit_code, 0);
+  const std::string good = run / "checkpoints/step_00000005";
+  auto limited = [&](std::vector<std::string> extra) {
+    auto a = quick_args(data_, run.path(), {"train.max_steps=10", "checkpoint.every_steps=5"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    std::string cmd = "ulimit -f 1024 && exec '" + test::bin_path("trainer") + "'";  // 1 MB files at most
+    for (auto& x : a) cmd += " '" + x + "'";
+    return test::run_bin("/bin/sh", {"-c", cmd});
+  };
+  auto r = limited({"checkpoint.on_error=stop"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("checkpoint at step 10 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("write failed"), std::string::npos) << r.out;
+  EXPECT_EQ(Checkpointer::verify(good), "");
+  EXPECT_FALSE(fs_exists(run / "checkpoints/step_00000010/manifest.json"));
+  r = limited({"checkpoint.on_error=continue", "train.max_steps=12"});
+  EXPECT_NE(r.out.find("checkpoint at step 10 failed"), std::string::npos) << r.out;
+  EXPECT_EQ(test::last_train_step(run / "metrics.jsonl"), 12);  // training went on past the failure
+  EXPECT_EQ(Checkpointer::verify(good), "");
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "trainer/compat.h"
 #if LM_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #if defined(USE_C10D_NCCL)
@@ -119,6 +121,27 @@ double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtyp
   for (const auto& p : kPeaks)
     if (gpu_model.find(p.name) != std::string::npos) return dtype == "bf16" ? p.bf16 : p.fp32;
   return 0;
+}
+
+torch::Tensor cuda_rng_state(const torch::Device& device) {
+#if LM_CUDA
+  if (device.is_cuda()) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+#endif
+  return {};
+}
+
+void set_cuda_rng_state(const torch::Device& device, const torch::Tensor& state) {
+#if LM_CUDA
+  if (device.is_cuda() && state.defined()) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+#endif
 }
 
 void synchronize(const torch::Device& device) {

@@ -41,6 +41,10 @@ GpuInfo gpu_info(const torch::Device& device);
 // (H100, H200, A100), 0 when unknown (CPUs, other GPUs).
 double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtype);
 
+// The CUDA generator's state (what CUDA dropout draws from), as bytes; undefined tensor on CPU.
+torch::Tensor cuda_rng_state(const torch::Device& device);
+void set_cuda_rng_state(const torch::Device& device, const torch::Tensor& state);
+
 // Waits for queued device work (for timing). No-op on CPU.
 void synchronize(const torch::Device& device);
 

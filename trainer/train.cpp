@@ -256,6 +256,7 @@ class Trainer {
     auto t_start = Clock::now();
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     double mean_step_s = 0;
     std::vector<data::Batch> batches(static_cast<size_t>(accum));
     std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
@@ -519,9 +520,9 @@ class Trainer {
         if (ema_.defined()) st.ema.emplace_back(e.name, ema_.narrow(0, e.offset, e.numel));
       }
     }
-    st.rank_state = {{"rank", rank_},
-                     {"loader", nlohmann::json::parse(loader_->state().to_json())},
-                     {"rng", {{"cpu", to_hex(at::detail::getDefaultCPUGenerator().get_state())}}}};
+    nlohmann::json rng = {{"cpu", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
+    if (auto cuda = cuda_rng_state(device_); cuda.defined()) rng["cuda"] = to_hex(cuda);
+    st.rank_state = {{"rank", rank_}, {"loader", nlohmann::json::parse(loader_->state().to_json())}, {"rng", rng}};
     return st;
   }
 
@@ -573,6 +574,8 @@ class Trainer {
     if (st.rank_state.value("rank", -1) == rank_) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the shared generator
       gen.set_state(from_hex(st.rank_state.at("rng").at("cpu").get<std::string>()));
+      if (st.rank_state.at("rng").contains("cuda"))
+        set_cuda_rng_state(device_, from_hex(st.rank_state.at("rng").at("cuda").get<std::string>()));
     } else {
       log::warn(strf("%s has no state for rank %d (world size changed): the global data cursor is "
                      "rank 0's, dropout draws start anew", resume_dir_.c_str(), rank_));
