@@ -102,26 +102,6 @@ struct SweepSpec {
   int nproc = 1;           // launch.nproc_per_node
 };
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string closest(const std::string& key, const std::vector<std::string>& valid) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (auto& v : valid)
-    if (size_t d = edit_distance(key, v); d < best_d) best_d = d, best = v;
-  return best;
-}
-
 std::string where_of(const std::string& path, const YAML::Node& n) {
   auto m = n.Mark();
   return m.line >= 0 ? path + ":" + std::to_string(m.line + 1) : path;
@@ -203,7 +183,7 @@ SweepSpec parse_sweep(const std::string& path) {
     else if (key == "zip") zip.emplace(v);
     else if (key == "seeds") seeds.emplace(v);
     else if (key == "launch") launch.emplace(v);
-    else bad(w, "unknown key '" + key + "' (did you mean '" + closest(key, kTop) + "'?)");
+    else bad(w, "unknown key '" + key + "' (did you mean '" + closest_match(key, kTop) + "'?)");
   }
   if (s.base.empty()) bad(path, "base: missing; name the experiment file every run starts from");
   if (!fs::exists(s.base))
@@ -263,7 +243,7 @@ SweepSpec parse_sweep(const std::string& path) {
       auto in = [&](const std::vector<std::string>& l) { return std::find(l.begin(), l.end(), key) != l.end(); };
       if (in(kLaunchOwned)) bad(lw, "launch." + key + " is set by the sweep (--standalone, --run-id <run>, --log-dir <run dir>/launch_logs)");
       if (in(kLaunchMultiNode)) bad(lw, "launch." + key + ": multi-node sweeps are not supported; runs use launch --standalone on this node");
-      if (!in(kLaunchKeys)) bad(lw, "launch: unknown option '" + key + "' (did you mean '" + closest(key, kLaunchKeys) + "'?)");
+      if (!in(kLaunchKeys)) bad(lw, "launch: unknown option '" + key + "' (did you mean '" + closest_match(key, kLaunchKeys) + "'?)");
       std::string v = scalar_text(lw, "launch." + key, it->second);
       if (key == "nproc_per_node") {
         char* end = nullptr;

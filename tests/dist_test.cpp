@@ -20,16 +20,8 @@ using test::TempDir;
 
 class DistE2E : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    data_ = test::make_bytes_dataset(dir_->path());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static TempDir* dir_;
-  static std::string data_;
+  const std::string data_ = test::shared_bytes_dataset();
 };
-TempDir* DistE2E::dir_ = nullptr;
-std::string DistE2E::data_;
 
 std::vector<std::string> args(const std::string& data, const std::string& run, std::vector<std::string> extra) {
   std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + data, "run.dir=" + run,

@@ -27,16 +27,8 @@ std::string step_dir(int64_t step) {
 
 class ResumeE2E : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    data_ = test::make_bytes_dataset(dir_->path());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static TempDir* dir_;
-  static std::string data_;
+  const std::string data_ = test::shared_bytes_dataset();
 };
-TempDir* ResumeE2E::dir_ = nullptr;
-std::string ResumeE2E::data_;
 
 constexpr int kSteps = 36;
 

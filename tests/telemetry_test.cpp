@@ -18,13 +18,7 @@ using json = nlohmann::json;
 
 class TelemetryE2E : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    data_ = test::make_bytes_dataset(dir_->path());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static TempDir* dir_;
-  static std::string data_;
+  const std::string data_ = test::shared_bytes_dataset();
 
   test::RunResult train(const std::string& run, std::vector<std::string> extra) {
     std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + data_, "run.dir=" + run,
@@ -33,8 +27,6 @@ class TelemetryE2E : public ::testing::Test {
     return test::run_bin("trainer", a);
   }
 };
-TempDir* TelemetryE2E::dir_ = nullptr;
-std::string TelemetryE2E::data_;
 
 json read_json(const std::string& path) { return json::parse(test::read_text(path)); }
 

@@ -182,6 +182,12 @@ std::string make_bytes_dataset(const std::string& dir, int lines) {
   return dir + "/data";
 }
 
+const std::string& shared_bytes_dataset() {
+  static TempDir dir;
+  static const std::string data = make_bytes_dataset(dir.path());
+  return data;
+}
+
 std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind) {
   std::vector<std::string> out;
   std::ifstream in(path);

@@ -56,6 +56,8 @@ std::string read_text(const std::string& path);
 int free_port();
 // Runs `prep` on synthetic_corpus(lines) with the bytes tokenizer into DIR/data; returns that path.
 std::string make_bytes_dataset(const std::string& dir, int lines = 3000);
+// A bytes dataset of synthetic_corpus(3000) made once per test process (removed at exit).
+const std::string& shared_bytes_dataset();
 // metrics.jsonl records of one kind ("train", "val", ...).
 std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind);
 // A small deterministic English-like corpus of `lines` lines (one document per line).

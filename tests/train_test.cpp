@@ -22,21 +22,10 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return out;
 }
 
-// A bytes-tokenized dataset of a synthetic corpus, prepared once for the whole suite.
 class TrainE2E : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    test::write_text(*dir_ / "corpus.txt", test::synthetic_corpus(3000));
-    auto r = run_bin("prep", {*dir_ / "corpus.txt", "--out", *dir_ / "data", "--tokenizer", "bytes",
-                              "--val-fraction", "0.05", "--quiet"});
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string data() { return *dir_ / "data"; }
-  static TempDir* dir_;
+  static std::string data() { return test::shared_bytes_dataset(); }
 };
-TempDir* TrainE2E::dir_ = nullptr;
 
 TEST_F(TrainE2E, TinyConfigLossDropsAndRunDirIsComplete) {
   TempDir run;

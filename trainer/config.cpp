@@ -436,6 +436,14 @@ std::string to_json(const ExperimentConfig& cfg_in) {
   return out.dump();
 }
 
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates)
+    if (size_t d = edit_distance(word, c); d < best_d) best_d = d, best = c;
+  return best;
+}
+
 std::vector<std::string> config_keys() {
   ExperimentConfig cfg;
   Schema s;
