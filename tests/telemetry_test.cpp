@@ -151,3 +151,26 @@ TEST_F(TelemetryE2E, ProfilerTraceOfChosenSteps) {
 
 }  // namespace
 }  // namespace lm
+
+namespace lm {
+namespace {
+
+// On a terminal the console gets a progress bar with ETA under the step lines; in a pipe it gets
+// plain lines only.
+TEST_F(TelemetryE2E, ProgressBarOnlyOnATerminal) {
+  TempDir run, piped;
+  std::string cmd = "'" + test::bin_path("trainer") + "' '" + test::source_path("configs/tiny.yaml") + "' 'data.train=" +
+                    data_ + "' 'run.dir=" + run.path() + "' train.max_steps=20 log.every_steps=5 eval.batches=0";
+  // script(1) runs the command with a pseudo-terminal as its stdin/stdout/stderr.
+  auto tty = test::run_bin("/usr/bin/script", {"-q", "-e", "-c", cmd, run / "typescript"});
+  ASSERT_EQ(tty.exit_code, 0) << tty.out;
+  const std::string seen = test::read_text(run / "typescript");
+  EXPECT_NE(seen.find("] 100% step 20/20 | ETA"), std::string::npos) << seen;
+  auto plain = train(piped.path(), {"train.max_steps=20", "log.every_steps=5"});
+  ASSERT_EQ(plain.exit_code, 0);
+  EXPECT_EQ(plain.out.find("ETA"), std::string::npos);
+  EXPECT_NE(plain.out.find("step     20/20 | loss"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lm
