@@ -29,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using lm::test::bin_path;
+using lm::test::free_port;
 using lm::test::read_text;
 using lm::test::RunResult;
 using lm::test::TempDir;
@@ -36,20 +37,6 @@ using lm::test::write_text;
 using Clock = std::chrono::steady_clock;
 
 const std::string kWorker = bin_path("launch_fake_worker");
-
-// A port nobody listens on right now (bound to 127.0.0.1:0, then released).
-int unused_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
 
 // `launch ARGS` without OMP_NUM_THREADS in its environment (plus `env` entries), stdout+stderr.
 RunResult launch(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
@@ -193,7 +180,7 @@ TEST(Launch, EnvContractPerRank) {
 
 TEST(Launch, UnderscoreSpellingsWithoutDoubleDash) {
   TempDir tmp;
-  int port = unused_port();
+  int port = free_port();
   auto r = launch({"--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0", "--master_addr", "127.0.0.1",
                    "--master_port", std::to_string(port), "--max_restarts", "1", "--log_dir", tmp / "logs",
                    "--run_id", "under", "--grace_period", "1", "--monitor_interval", "0.1", "--no_python", kWorker,
@@ -378,7 +365,7 @@ struct TwoNodes {
 
 TwoNodes run_two_nodes(const TempDir& tmp, const std::string& run_id, const std::vector<std::string>& extra,
                        const std::vector<std::string>& worker) {
-  int port = unused_port();
+  int port = free_port();
   TwoNodes t;
   for (int k : {1, 0}) {  // node 1 first: it waits for node 0's store
     std::vector<std::string> args = {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1",
@@ -428,7 +415,7 @@ TEST(Launch, TwoNodesLoopbackRanks) {
 
 TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
   TempDir tmp;
-  int port = unused_port();
+  int port = free_port();
   auto common = [&](int k, int nproc) {
     return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node",
                                     std::to_string(nproc), "--master-port", std::to_string(port), "--log-dir",
@@ -492,7 +479,7 @@ TEST(Launch, TwoNodesFinishedNodeRestartsWhenOtherFails) {
 
 TEST(Launch, TwoNodesSigtermOnOneStopsBoth) {
   TempDir tmp;
-  int port = unused_port();
+  int port = free_port();
   Child node[2];
   for (int k : {0, 1})
     node[k] = start({"--nnodes", "2", "--node-rank", std::to_string(k), "--master-port", std::to_string(port),
@@ -511,7 +498,7 @@ TEST(Launch, TwoNodesSigtermOnOneStopsBoth) {
 
 TEST(Launch, RendezvousTimeoutNamesMissingNode) {
   TempDir tmp;
-  auto r = launch({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(unused_port()),
+  auto r = launch({"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(free_port()),
                    "--rdzv-timeout", "1", "--log-dir", tmp / "logs", "--", kWorker});
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("waiting for node(s) 1"), std::string::npos) << r.out;
@@ -629,12 +616,12 @@ TEST(Launch, SameVariablesAsTorchrun) {
   // --redirects/--tee: torchrun 1.13's default "0" trips over Python 3.11's enum.IntFlag.
   auto tr = lm::test::run_bin("/usr/bin/env", {"-i", "PATH=/usr/bin:/bin", "WHO=torchrun", "/usr/bin/python3", "-m",
                                                "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                                               std::to_string(unused_port()), "--monitor_interval", "0.2",
+                                               std::to_string(free_port()), "--monitor_interval", "0.2",
                                                "--redirects", "1:1", "--tee", "1:1", "--no_python", tmp / "env.sh"});
   ASSERT_EQ(tr.exit_code, 0) << tr.out;
   auto ours = lm::test::run_bin("/usr/bin/env", {"-i", "PATH=/usr/bin:/bin", "WHO=launch", bin_path("launch"),
                                                  "--nproc_per_node", "2", "--master_port",
-                                                 std::to_string(unused_port()), "--log_dir", tmp / "logs",
+                                                 std::to_string(free_port()), "--log_dir", tmp / "logs",
                                                  "--no_python", tmp / "env.sh"});
   ASSERT_EQ(ours.exit_code, 0) << ours.out;
   for (int rank = 0; rank < 2; ++rank) {

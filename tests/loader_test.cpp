@@ -23,6 +23,7 @@ namespace lm::data {
 namespace {
 
 using Docs = std::vector<std::vector<uint32_t>>;
+using test::data_error;
 using test::TempDir;
 
 // A dataset of "train" shards plus one "val" shard. EOS = vocab-2, PAD = vocab-1.
@@ -105,17 +106,6 @@ std::vector<int64_t> stream_of(const std::vector<Docs>& shards, uint32_t eos) {
   for (const auto& docs : shards)
     for (const auto& d : docs) s.insert(s.end(), d.begin(), d.end()), s.push_back(eos);
   return s;
-}
-
-template <class Fn>
-std::string data_error(Fn fn) {
-  try {
-    fn();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no DataError";
-  return "";
 }
 
 // ---- packed ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ namespace lm::data {
 namespace {
 
 using Docs = std::vector<std::vector<uint32_t>>;
+using test::data_error;
 using test::TempDir;
 
 uint64_t write_shard(const std::string& path, TokenDtype dtype, const Docs& docs) {
@@ -50,17 +51,6 @@ void patch(const std::string& path, long offset, const std::string& bytes) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(offset);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-template <class Fn>
-std::string data_error(Fn fn) {
-  try {
-    fn();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no DataError";
-  return "";
 }
 
 TEST(ShardTest, RoundTripUint16WithEmptyDocs) {

@@ -1,10 +1,14 @@
 // Helpers shared by the test suites: temp directories, running real binaries, small corpora.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "trainer/errors.h"
 
 namespace lm::test {
 
@@ -60,6 +64,18 @@ std::string make_bytes_dataset(const std::string& dir, int lines = 3000);
 const std::string& shared_bytes_dataset();
 // metrics.jsonl records of one kind ("train", "val", ...).
 std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind);
+// The message of the DataError that fn() throws; a test failure when it throws none.
+template <class Fn>
+std::string data_error(Fn fn) {
+  try {
+    fn();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no DataError";
+  return "";
+}
+
 // A small deterministic English-like corpus of `lines` lines (one document per line).
 std::string synthetic_corpus(int lines, unsigned seed = 1);
 
