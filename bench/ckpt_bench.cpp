@@ -18,11 +18,11 @@
 #include <iostream>
 
 #include "models/gpt.h"
-#include "trainer/checkpoint.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/host_allocator.h"
-#include "trainer/optim.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "trainer/runtime/host_allocator.h"
+#include "trainer/optim/optim.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       for (bool async : {false, true}) {
         const std::string run = dir + (async ? "/async" : "/sync");
-        lm::fs::remove_all(run);
+        lm::files::remove_all(run);
         lm::CheckpointConfig cc;
         cc.async = async;
         lm::Checkpointer ck(cc, run, 0, 1);
@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
         std::filesystem::remove(path);
       }
     }
-    lm::fs::remove_all(dir + "/sync");
-    lm::fs::remove_all(dir + "/async");
+    lm::files::remove_all(dir + "/sync");
+    lm::files::remove_all(dir + "/async");
     std::cout << nlohmann::json{{"params", model->num_params()}, {"state_mb", mb}, {"sync_ms", sync_ms},
                                 {"sync_mb_per_s", mb / sync_ms * 1e3}, {"async_block_ms", block_ms},
                                 {"async_ms", async_ms}, {"load_ms", load_ms}, {"load_mb_per_s", mb / load_ms * 1e3},

@@ -1,4 +1,4 @@
-// loader_bench: throughput and memory of the streaming loader (data/loader.h), torch-free.
+// loader_bench: throughput and memory of the streaming loader (data/loader/loader.h), torch-free.
 //
 //   loader_bench --data DIR [--mode packed|bucketed] [--workers N] [--prefetch N] [--seq T]
 //                [--batch B] [--batches N] [--warmup N] [--memcpy]
@@ -20,11 +20,12 @@
 #include <thread>
 #include <vector>
 
-#include "data/loader.h"
-#include "data/shard.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/log.h"
+#include "data/loader/loader.h"
+#include "data/format/shard.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
+#include "common/log.h"
 
 namespace {
 
@@ -70,10 +71,10 @@ double memcpy_bytes_per_s() {
 
 void generate(const std::string& dir, uint64_t tokens, uint64_t shard_tokens, uint64_t seed) {
   using namespace lm;
-  fs::make_dirs(dir);
+  files::make_dirs(dir);
   data::Manifest m;
   m.dtype = "uint16";
-  m.tokenizer = {"bytes", 258, 256, 257, "", fs::hex64(fs::xxh64("bytes", 5))};
+  m.tokenizer = {"bytes", 258, 256, 257, "", hex64(xxh64("bytes", 5))};
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   auto rnd = [&] { x ^= x << 13, x ^= x >> 7, x ^= x << 17; return x; };  // xorshift64
   std::vector<uint32_t> doc;
@@ -86,14 +87,14 @@ void generate(const std::string& dir, uint64_t tokens, uint64_t shard_tokens, ui
       w.add_document(doc.data(), doc.size());
       s.tokens += doc.size(), ++s.docs;
     }
-    s.xxh64 = fs::hex64(w.finish());
+    s.xxh64 = hex64(w.finish());
     m.shards.push_back(s);
   };
   for (uint64_t done = 0; done < tokens; done += std::min(shard_tokens, tokens - done))
     write("train", std::min(shard_tokens, tokens - done));
   write("val", 100000);
   m.data_version = data::compute_data_version(m.shards, m.tokenizer.hash);
-  fs::write_file_atomic(dir + "/manifest.json", m.to_json());
+  files::write_file_atomic(dir + "/manifest.json", m.to_json());
   std::cout << strf("{\"generated\": \"%s\", \"train_tokens\": %llu, \"shards\": %zu}\n", dir.c_str(),
                     static_cast<unsigned long long>(tokens), m.shards.size());
 }

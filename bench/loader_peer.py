@@ -1,5 +1,5 @@
 """The loader's peer: packed windows of seq_len+1 tokens read with numpy memmap and batched by a
-torch.utils.data.DataLoader. Written from data/FORMAT.md alone (the format's second implementation).
+torch.utils.data.DataLoader. Written from data/format/FORMAT.md alone (the format's second implementation).
 
 usage: /usr/bin/python3 bench/loader_peer.py DATA_DIR [--workers N] [--seq T] [--batch B]
                                              [--batches N] [--warmup N]

@@ -41,7 +41,7 @@ import json, random, statistics, struct, sys
 summary = json.load(open(sys.argv[1]))
 loader = [float(x) for x in sys.argv[3].split()]; reuse = [float(x) for x in sys.argv[4].split()]
 wait = [float(x) for x in sys.argv[5].split()]
-# Document lengths from the shard indexes (data/FORMAT.md), each plus its EOS, cut at seq_len+1.
+# Document lengths from the shard indexes (data/format/FORMAT.md), each plus its EOS, cut at seq_len+1.
 man = json.load(open(sys.argv[2] + "/manifest.json"))
 lens = []
 for s in man["shards"]:

@@ -71,9 +71,9 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/compat.h"
-#include "trainer/errors.h"
-#include "trainer/log.h"
+#include "common/compat.h"
+#include "common/errors.h"
+#include "common/log.h"
 
 extern char** environ;
 

@@ -69,9 +69,10 @@
 #include <vector>
 
 #include "trainer/config.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/log.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
+#include "common/log.h"
 
 extern char** environ;
 
@@ -186,7 +187,7 @@ SweepSpec parse_sweep(const std::string& path) {
     else bad(w, "unknown key '" + key + "' (did you mean '" + closest_match(key, kTop) + "'?)");
   }
   if (s.base.empty()) bad(path, "base: missing; name the experiment file every run starts from");
-  if (!fs::exists(s.base))
+  if (!files::exists(s.base))
     bad(path, "base: " + s.base + ": no such file (relative paths resolve against the current directory " +
                   stdfs::current_path().string() + ")");
   if (s.dir.empty()) s.dir = "runs/" + stdfs::path(path).stem().string();
@@ -294,7 +295,7 @@ std::string leaf_of(const std::string& key) {
 std::string hash8(const std::vector<KV>& kv) {
   std::string text;
   for (auto& [k, v] : kv) text += k + "=" + v + "\n";
-  return fs::hex64(fs::xxh64(text.data(), text.size())).substr(0, 8);
+  return hex64(xxh64(text.data(), text.size())).substr(0, 8);
 }
 
 // Expands the axes into runs (names and swept overrides only), in file order.
@@ -373,7 +374,7 @@ int64_t newest_checkpoint(const std::string& run_dir) {
     const std::string n = e.path().filename().string();
     // Committed checkpoints only: "step_<digits>" (a save in progress is "step_<N>.tmp").
     if (n.size() <= 5 || n.rfind("step_", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos ||
-        !fs::exists(e.path().string() + "/manifest.json"))
+        !files::exists(e.path().string() + "/manifest.json"))
       continue;
     best = std::max<int64_t>(best, std::atoll(n.c_str() + 5));
   }
@@ -381,7 +382,7 @@ int64_t newest_checkpoint(const std::string& run_dir) {
 }
 
 std::optional<nlohmann::json> read_json(const std::string& path) {
-  if (!fs::exists(path)) return std::nullopt;
+  if (!files::exists(path)) return std::nullopt;
   std::ifstream in(path);
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
@@ -416,7 +417,7 @@ std::map<std::string, std::string> yaml_keys(const std::string& text) {
 // continued) under this sweep's name. Operational keys may differ.
 void check_existing_config(const Run& r) {
   const std::string path = r.dir + "/config.yaml";
-  if (!fs::exists(path)) return;
+  if (!files::exists(path)) return;
   ExperimentConfig old;
   try {
     old = load_config(path, {});
@@ -598,8 +599,8 @@ void write_summaries(const SweepSpec& s, const std::vector<Run>& runs) {
        << " | " << num(st.train_loss, "%.4f") << " | " << num(st.best_val, "%.4f") << " | "
        << num(st.tokens_per_s, "%.0f") << " |\n";
   }
-  fs::write_file_atomic(s.dir + "/summary.csv", csv.str());
-  fs::write_file_atomic(s.dir + "/summary.md", md.str());
+  files::write_file_atomic(s.dir + "/summary.csv", csv.str());
+  files::write_file_atomic(s.dir + "/summary.md", md.str());
 }
 
 // ---- processes --------------------------------------------------------------------------------
@@ -698,7 +699,7 @@ std::string state_text(const Run& r) {
   switch (r.state) {
     case State::kDone: return "done";
     case State::kPartial: return "resume@" + std::to_string(r.resume_step);
-    default: return fs::exists(r.dir) ? "restart" : "new";
+    default: return files::exists(r.dir) ? "restart" : "new";
   }
 }
 
@@ -812,21 +813,21 @@ int sweep_main(int argc, char** argv) {
   std::vector<Run> runs = expand(spec);
   const std::string bins = bin_dir();
   plan(spec, runs, bins, parallel);
-  const bool have_launch = fs::exists(bins + "/launch");
+  const bool have_launch = files::exists(bins + "/launch");
   if (dry_run) {
     print_plan(spec, runs, parallel);
     if (!spec.launch.empty() && !have_launch)
       log::warn(bins + "/launch does not exist: the sweep asks for launch; build the launch target before running");
     return kExitOk;
   }
-  if (!fs::exists(bins + "/trainer")) throw Error(bins + "/trainer does not exist; build the trainer target");
+  if (!files::exists(bins + "/trainer")) throw Error(bins + "/trainer does not exist; build the trainer target");
   if (!spec.launch.empty() && !have_launch)
     throw Error(bins + "/launch does not exist, but the sweep file asks for multi-process runs (launch:); "
                 "build the launch target or remove launch: from the sweep");
 
-  fs::make_dirs(spec.dir);
+  files::make_dirs(spec.dir);
   DirLock lock(spec.dir);
-  fs::write_file_atomic(spec.dir + "/sweep.yaml", fs::read_file(sweep_path));
+  files::write_file_atomic(spec.dir + "/sweep.yaml", files::read_file(sweep_path));
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -867,7 +868,7 @@ int sweep_main(int argc, char** argv) {
     }
     while (nsig == 0 && next < queue.size() && static_cast<int>(running.size()) < parallel) {
       Run& r = runs[queue[next]];
-      fs::make_dirs(r.dir);
+      files::make_dirs(r.dir);
       const std::string log_path = r.dir + "/sweep.log";
       append_line(log_path, "==== sweep " + now_text() + ": " +
                                 (r.state == State::kPartial ? "resume from step " + std::to_string(r.resume_step) : "start") +
@@ -906,10 +907,10 @@ int sweep_main(int argc, char** argv) {
                  spec.path.c_str(), ok, done_before, failed, stopped, pending, spec.dir.c_str()));
 
   // The HTML report, when the report tool is built.
-  if (fs::exists(bins + "/report") && g_signal_count.load() == 0) {
+  if (files::exists(bins + "/report") && g_signal_count.load() == 0) {
     std::vector<std::string> a = {bins + "/report"};
     for (auto& r : runs)
-      if (fs::exists(r.dir + "/metrics.jsonl")) a.push_back(r.dir);
+      if (files::exists(r.dir + "/metrics.jsonl")) a.push_back(r.dir);
     a.insert(a.end(), {"-o", spec.dir + "/report.html"});
     if (a.size() > 3) {
       const std::string log_path = spec.dir + "/report.log";
@@ -923,7 +924,7 @@ int sweep_main(int argc, char** argv) {
         log::warn("report failed (" + (WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st)) : signal_name(WTERMSIG(st))) +
                   "): " + last_output_line(log_path) + " (log: " + log_path + ")");
     }
-  } else if (!fs::exists(bins + "/report")) {
+  } else if (!files::exists(bins + "/report")) {
     log::info("no report tool (" + bins + "/report): skipping report.html");
   }
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "trainer/compat.h"
+#include "models/attention.h"
 
 namespace lm {
 namespace F = torch::nn::functional;
@@ -22,7 +22,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
   auto parts = qkv->forward(ln1->forward(x)).split(C, 2);  // 3 x (B, T, C)
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
-  auto y = compat::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), dropout,
+  auto y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), dropout,
                                     is_training());                      // (B, H, T, hd)
   y = proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));     // (B, T, C)
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));

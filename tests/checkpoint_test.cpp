@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "tests/testutil.h"
-#include "trainer/checkpoint.h"
-#include "trainer/errors.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "common/errors.h"
 
 namespace lm {
 namespace {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testutil.h"
-#include "trainer/errors.h"
+#include "common/errors.h"
 
 namespace lm {
 namespace {

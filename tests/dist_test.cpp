@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "tests/testutil.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
 namespace {

@@ -12,12 +12,13 @@
 #include <set>
 #include <thread>
 
-#include "data/loader.h"
-#include "data/manifest.h"
-#include "data/shard.h"
+#include "data/loader/loader.h"
+#include "data/format/manifest.h"
+#include "data/format/shard.h"
 #include "tests/testutil.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
 
 namespace lm::data {
 namespace {
@@ -31,7 +32,7 @@ Manifest make_dataset(const std::string& dir, const std::vector<Docs>& shards, u
   Manifest m;
   m.dtype = dtype_for_vocab(vocab) == TokenDtype::kU16 ? "uint16" : "uint32";
   m.tokenizer = {"bytes", vocab, static_cast<uint32_t>(vocab - 2), static_cast<uint32_t>(vocab - 1), "",
-                 fs::hex64(fs::xxh64("bytes", 5))};
+                 hex64(xxh64("bytes", 5))};
   std::vector<std::pair<std::string, Docs>> all;
   for (const auto& d : shards) all.emplace_back("train", d);
   all.emplace_back("val", Docs{{1, 2, 3}});
@@ -39,11 +40,11 @@ Manifest make_dataset(const std::string& dir, const std::vector<Docs>& shards, u
     ShardInfo s{all[i].first + "_" + std::to_string(i) + ".bin", all[i].first, 0, all[i].second.size(), ""};
     ShardWriter w(dir + "/" + s.file, dtype_for_vocab(vocab));
     for (const auto& d : all[i].second) w.add_document(d.data(), d.size()), s.tokens += d.size();
-    s.xxh64 = fs::hex64(w.finish());
+    s.xxh64 = hex64(w.finish());
     m.shards.push_back(s);
   }
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
-  fs::write_file_atomic(dir + "/manifest.json", m.to_json());
+  files::write_file_atomic(dir + "/manifest.json", m.to_json());
   m.dir = dir;
   return m;
 }

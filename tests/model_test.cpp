@@ -4,11 +4,11 @@
 
 #include "models/gpt.h"
 #include "tests/testutil.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/generate.h"
-#include "trainer/optim.h"
-#include "trainer/safetensors.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "trainer/generate/generate.h"
+#include "trainer/optim/optim.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
 namespace {

@@ -10,13 +10,14 @@
 #include <set>
 #include <sstream>
 
-#include "data/manifest.h"
-#include "data/prep.h"
-#include "data/reader.h"
-#include "data/shard.h"
-#include "data/tokenizer.h"
+#include "data/format/manifest.h"
+#include "data/prep/prep.h"
+#include "data/loader/val_reader.h"
+#include "data/format/shard.h"
+#include "data/tokenizer/tokenizer.h"
 #include "tests/testutil.h"
-#include "trainer/fileio.h"
+#include "common/checksum.h"
+#include "common/files.h"
 
 namespace lm::data {
 namespace {
@@ -161,7 +162,7 @@ void sentencepiece_round_trip(const std::string& type) {
   EXPECT_EQ(m.tokenizer.kind, "sentencepiece");
   EXPECT_EQ(m.tokenizer.vocab_size, 400u);
   EXPECT_EQ(m.tokenizer.file, "tokenizer.model");
-  EXPECT_EQ(m.tokenizer.hash, fs::hex64(fs::xxh64_file(tmp / "out/tokenizer.model")));
+  EXPECT_EQ(m.tokenizer.hash, hex64(xxh64_file(tmp / "out/tokenizer.model")));
   EXPECT_NE(m.tokenizer.eos_id, m.tokenizer.pad_id);
   EXPECT_NO_THROW(m.verify());
   EXPECT_EQ(docs_of(m), lines_of(text));
@@ -265,7 +266,7 @@ TEST(PrepTest, BadInputExitsTwoWithOneLineAndLeavesNoOutput) {
       EXPECT_EQ(r.out.rfind("prep: error: ", 0), 0u) << r.out;
       EXPECT_NE(r.out.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in: " << r.out;
     }
-    EXPECT_FALSE(fs::exists(tmp / "new"));
+    EXPECT_FALSE(files::exists(tmp / "new"));
     EXPECT_EQ(files_of(tmp / "old"), old_files);
     for (const auto& e : stdfs::directory_iterator(tmp.path()))
       EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
@@ -320,11 +321,11 @@ TEST(PrepTest, SequentialReaderStreamsPreparedDocuments) {
   EXPECT_EQ(out, (std::vector<int64_t>{'a', 'b', 'c', 256, 'd', 'd', 'e', 256, 'a', 'b'}));
 }
 
-// The Python/numpy reader in data/FORMAT.md reads what prep wrote (a second implementation).
+// The Python/numpy reader in data/format/FORMAT.md reads what prep wrote (a second implementation).
 TEST(PrepTest, FormatDocPythonReaderReadsShards) {
   if (run_bin("/usr/bin/python3", {"-c", "import numpy"}).exit_code != 0) GTEST_SKIP() << "no python3 with numpy";
   TempDir tmp;
-  const std::string doc = read_text(test::source_path("data/FORMAT.md"));
+  const std::string doc = read_text(test::source_path("data/format/FORMAT.md"));
   const auto begin = doc.find("```python\n");
   ASSERT_NE(begin, std::string::npos);
   const auto end = doc.find("```", begin + 10);

@@ -11,7 +11,7 @@
 #include <map>
 
 #include "tests/testutil.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 namespace lm {
 namespace {

@@ -6,12 +6,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "data/manifest.h"
-#include "data/reader.h"
-#include "data/shard.h"
+#include "data/format/manifest.h"
+#include "data/loader/val_reader.h"
+#include "data/format/shard.h"
 #include "tests/testutil.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
 
 namespace lm::data {
 namespace {
@@ -57,7 +58,7 @@ TEST(ShardTest, RoundTripUint16WithEmptyDocs) {
   TempDir tmp;
   Docs docs = {{1, 2, 3}, {}, {65535}, {7, 8}, {}};
   uint64_t h = write_shard(tmp / "s.bin", TokenDtype::kU16, docs);
-  EXPECT_EQ(h, fs::xxh64_file(tmp / "s.bin"));
+  EXPECT_EQ(h, xxh64_file(tmp / "s.bin"));
   EXPECT_EQ(std::filesystem::file_size(tmp / "s.bin"), 64u + 8 * 6 + 2 * 6);
   expect_reads_back(tmp / "s.bin", TokenDtype::kU16, docs);
   ShardReader r(tmp / "s.bin");
@@ -144,16 +145,16 @@ TEST(ShardTest, OutOfRangeReadsThrow) {
 Manifest make_dataset(const std::string& dir, const std::vector<std::pair<std::string, Docs>>& shards) {
   Manifest m;
   m.dtype = "uint16";
-  m.tokenizer = {"bytes", 258, 256, 257, "", fs::hex64(fs::xxh64("bytes", 5))};
+  m.tokenizer = {"bytes", 258, 256, 257, "", hex64(xxh64("bytes", 5))};
   int n = 0;
   for (const auto& [split, docs] : shards) {
     ShardInfo s{split + "_" + std::to_string(n++) + ".bin", split, 0, docs.size(), ""};
     for (const auto& d : docs) s.tokens += d.size();
-    s.xxh64 = fs::hex64(write_shard(dir + "/" + s.file, TokenDtype::kU16, docs));
+    s.xxh64 = hex64(write_shard(dir + "/" + s.file, TokenDtype::kU16, docs));
     m.shards.push_back(s);
   }
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
-  fs::write_file_atomic(dir + "/manifest.json", m.to_json());
+  files::write_file_atomic(dir + "/manifest.json", m.to_json());
   m.dir = dir;
   return m;
 }

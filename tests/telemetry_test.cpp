@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "tests/testutil.h"
-#include "trainer/tensorboard.h"
+#include "trainer/telemetry/tensorboard.h"
 
 namespace lm {
 namespace {

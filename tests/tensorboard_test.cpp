@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "tests/testutil.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/tensorboard.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "trainer/telemetry/tensorboard.h"
 
 namespace lm {
 namespace {
@@ -153,13 +153,13 @@ TEST(TensorBoard, EveryFlippedByteIsCaught) {
   test::TempDir tmp;
   const std::vector<Point> pts = {{"a", 1, 1.0, 5.0}, {"b", 2, 2.0, 6.0}, {"a", 3, 3.0, 7.0}};
   const std::string path = write_points(tmp.path(), pts);
-  const std::string good = fs::read_file(path);
+  const std::string good = files::read_file(path);
   ASSERT_GT(good.size(), 60u);
   const std::string bad = tmp / "events.out.tfevents.bad";
   for (size_t i = 0; i < good.size(); ++i) {
     std::string b = good;
     b[i] = static_cast<char>(b[i] ^ 0x20);
-    fs::write_file_atomic(bad, b);
+    files::write_file_atomic(bad, b);
     try {
       read_tensorboard_scalars(bad);
       ADD_FAILURE() << "flipped byte " << i << " not detected";
@@ -177,7 +177,7 @@ TEST(TensorBoard, EveryFlippedByteIsCaught) {
   const size_t off2 = (16 + recs[0].size()) + (16 + recs[1].size());
   std::string b = good;
   b[off2 + 12 + 3] ^= 1;
-  fs::write_file_atomic(bad, b);
+  files::write_file_atomic(bad, b);
   try {
     read_tfrecords(bad);
     ADD_FAILURE() << "not detected";
@@ -192,12 +192,12 @@ TEST(TensorBoard, TruncatedLastRecordIsReportedOrSkipped) {
   test::TempDir tmp;
   const std::vector<Point> pts = {{"a", 1, 1.0, 5.0}, {"a", 2, 2.0, 6.0}, {"a", 3, 3.0, 7.0}};
   const std::string path = write_points(tmp.path(), pts);
-  const std::string good = fs::read_file(path);
+  const std::string good = files::read_file(path);
   const size_t last = 16 + read_tfrecords(path).back().size();
   const std::string cut_path = tmp / "events.out.tfevents.cut";
   for (size_t cut = 1; cut < last; ++cut) {
     SCOPED_TRACE("cut " + std::to_string(cut));
-    fs::write_file_atomic(cut_path, good.substr(0, good.size() - cut));
+    files::write_file_atomic(cut_path, good.substr(0, good.size() - cut));
     try {
       read_tensorboard_scalars(cut_path);
       ADD_FAILURE() << "truncation not reported";
@@ -213,7 +213,7 @@ TEST(TensorBoard, TruncatedLastRecordIsReportedOrSkipped) {
                 {pts.begin(), pts.end() - 1});
   }
   // Cut exactly at a record boundary: a shorter, valid file.
-  fs::write_file_atomic(cut_path, good.substr(0, good.size() - last));
+  files::write_file_atomic(cut_path, good.substr(0, good.size() - last));
   expect_same(read_tensorboard_scalars(cut_path), {pts.begin(), pts.end() - 1});
 }
 
@@ -229,7 +229,7 @@ TEST(TensorBoard, RecordThatIsNotAnEventIsRejected) {
   c = masked_crc32c(payload.data(), payload.size());
   rec.append(reinterpret_cast<const char*>(&c), 4);
   const std::string path = tmp / "events.out.tfevents.junk";
-  fs::write_file_atomic(path, rec);
+  files::write_file_atomic(path, rec);
   EXPECT_EQ(read_tfrecords(path).size(), 1u);  // the framing is fine
   try {
     read_tensorboard_scalars(path);

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/errors.h"
+#include "common/errors.h"
 
 namespace lm::test {
 

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "data/data_config.h"
+#include "common/text.h"
+#include "data/loader/data_config.h"
 #include "models/model_config.h"
-#include "trainer/checkpoint_config.h"
-#include "trainer/dist_config.h"
-#include "trainer/optim_config.h"
+#include "trainer/checkpoint/checkpoint_config.h"
+#include "trainer/dist/dist_config.h"
+#include "trainer/optim/optim_config.h"
 #include "trainer/train_config.h"
 
 namespace lm {
@@ -39,8 +40,6 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
 std::string to_yaml(const ExperimentConfig& cfg);
 // A "key  value" table, one row per key; values that differ from the default are marked '*'.
 std::string to_table(const ExperimentConfig& cfg);
-// The candidate closest to `word` by edit distance (for "did you mean" messages); "" if none.
-std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 // Every valid dotted key, in schema order.
 std::vector<std::string> config_keys();
 // The resolved config as nested JSON text ({"run": {"dir": ..., "seed": ...}, ...}), typed values.

@@ -17,24 +17,25 @@
 #include <iostream>
 #include <sstream>
 
-#include "data/loader.h"
-#include "data/manifest.h"
-#include "data/reader.h"
+#include "data/loader/loader.h"
+#include "data/format/manifest.h"
+#include "data/loader/val_reader.h"
 #include "models/gpt.h"
-#include "trainer/build_info.h"
-#include "trainer/checkpoint.h"
+#include "common/build_info.h"
+#include "trainer/checkpoint/checkpoint.h"
 #include "trainer/cli.h"
-#include "trainer/compat.h"
-#include "trainer/device.h"
-#include "trainer/dist.h"
-#include "trainer/errors.h"
-#include "trainer/fileio.h"
-#include "trainer/host_allocator.h"
-#include "trainer/log.h"
-#include "trainer/metrics.h"
-#include "trainer/optim.h"
-#include "trainer/run_record.h"
-#include "trainer/safetensors.h"
+#include "common/compat.h"
+#include "trainer/runtime/device.h"
+#include "trainer/dist/dist.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
+#include "trainer/runtime/host_allocator.h"
+#include "common/log.h"
+#include "trainer/telemetry/metrics.h"
+#include "trainer/optim/optim.h"
+#include "trainer/telemetry/run_record.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
 namespace {
@@ -174,7 +175,7 @@ class Trainer {
       throw ConfigError("key 'train.dtype': bf16 autocast needs a CUDA device (train.device=" + cfg.train.device + ")");
 
     const auto& run_dir = cfg.run.dir;
-    fs::make_dirs(run_dir + "/logs");
+    files::make_dirs(run_dir + "/logs");
     log::init(run_dir + "/logs/rank_" + std::to_string(rank_) + ".log", /*console=*/rank_ == 0, rank_, world_);
     if (world_ > 1) {
       log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", rank_, world_,
@@ -191,7 +192,7 @@ class Trainer {
     if (rank_ == 0) {
       log::info("trainer: " + command);
       log::info("resolved config (* = not the default):\n" + to_table(cfg));
-      fs::write_file_atomic(run_dir + "/config.yaml", to_yaml(cfg));
+      files::write_file_atomic(run_dir + "/config.yaml", to_yaml(cfg));
     }
 
     install_caching_host_allocator();
@@ -263,7 +264,7 @@ class Trainer {
     model_->train();
     while (step_ < c.train.max_steps) {
       if (profile_from_ > 0 && step_ + 1 == profile_from_) {
-        fs::make_dirs(c.run.dir + "/profile");
+        files::make_dirs(c.run.dir + "/profile");
         profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
             c.run.dir + "/profile/" + strf("steps_%lld-%lld.rank%d.trace.json", (long long)profile_from_,
                                            (long long)profile_to_, rank_));
@@ -283,7 +284,7 @@ class Trainer {
         local[kInputs] += batches[m].rows * batches[m].cols;
         hashes.push_back(batches[m].hash);
       }
-      local[kHash] = static_cast<int64_t>(accum == 1 ? hashes[0] : fs::xxh64(hashes.data(), hashes.size() * sizeof(uint64_t)));
+      local[kHash] = static_cast<int64_t>(accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t)));
       const double global_targets = global_target_tokens(local[kTargets]);
       flat_->zero_grad();
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device_));
@@ -321,7 +322,7 @@ class Trainer {
       }
       const bool save_now = all[kSave] != 0;  // rank 0 decides
       const double loss = loss_total / std::max<double>(1.0, static_cast<double>(targets));
-      batch_hash_ = world_ == 1 ? rank_hashes[0] : fs::xxh64(rank_hashes.data(), rank_hashes.size() * sizeof(uint64_t));
+      batch_hash_ = world_ == 1 ? rank_hashes[0] : xxh64(rank_hashes.data(), rank_hashes.size() * sizeof(uint64_t));
       const double lr = lr_at(c.schedule, c.optim.lr, c.train.max_steps, step_);
       // Every rank sees the same global loss and grad norm, so they take the same decision.
       const std::string anomaly = check_anomaly(loss, gnorm);
@@ -409,12 +410,12 @@ class Trainer {
       metrics_->write({{"kind", "anomaly"}, {"step", step}, {"time", unix_now()}, {"reason", why},
                        {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr)},
                        {"grad_norm", std::isfinite(gnorm) ? nlohmann::json(gnorm) : nlohmann::json(nullptr)},
-                       {"action", action}, {"batch_hash", fs::hex64(batch_hash_)}});
+                       {"action", action}, {"batch_hash", hex64(batch_hash_)}});
     }
     if (dumps_ >= cfg_.anomaly.max_dumps) return;
     ++dumps_;
     const std::string dir = cfg_.run.dir + "/anomalies/" + strf("step_%08lld", (long long)step);
-    fs::make_dirs(dir);
+    files::make_dirs(dir);
     nlohmann::json micro = nlohmann::json::array();
     for (const auto& b : batches) {
       nlohmann::json rows = nlohmann::json::array();
@@ -425,18 +426,18 @@ class Trainer {
                         {"shard", o.shard}, {"shard_file", manifest_.shards.at(o.shard).file}, {"doc", o.doc},
                         {"offset", o.offset}});
       }
-      micro.push_back({{"batch_index", b.index}, {"epoch", b.epoch}, {"hash", fs::hex64(b.hash)}, {"rows", rows}});
+      micro.push_back({{"batch_index", b.index}, {"epoch", b.epoch}, {"hash", hex64(b.hash)}, {"rows", rows}});
     }
-    fs::write_file_atomic(dir + "/rank_" + std::to_string(rank_) + ".json",
+    files::write_file_atomic(dir + "/rank_" + std::to_string(rank_) + ".json",
                           nlohmann::json{{"step", step}, {"rank", rank_}, {"data_dir", manifest_.dir},
                                          {"data_version", manifest_.data_version}, {"micro_batches", micro}}
                               .dump() + "\n");
     if (rank_ == 0)
-      fs::write_file_atomic(dir + "/step.json",
+      files::write_file_atomic(dir + "/step.json",
                             nlohmann::json{{"step", step}, {"reason", why}, {"action", action},
                                            {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr)},
                                            {"grad_norm", std::isfinite(gnorm) ? nlohmann::json(gnorm) : nlohmann::json(nullptr)},
-                                           {"lr", lr}, {"world_size", world_}, {"batch_hash", fs::hex64(batch_hash_)},
+                                           {"lr", lr}, {"world_size", world_}, {"batch_hash", hex64(batch_hash_)},
                                            {"recent_losses", recent_losses_}, {"config", nlohmann::json::parse(to_json(cfg_))}}
                                 .dump(2) + "\n");
   }
@@ -600,7 +601,7 @@ class Trainer {
                             {"grad_norm", gnorm}, {"tokens_per_s", tps}, {"tokens_per_s_rank", tps / world_},
                             {"step_ms", step_ms}, {"data_wait_ms", wait_ms}, {"data_wait_pct", wait_pct},
                             {"mem_mb", memory_mb(device_)}, {"tokens", tokens_}, {"epoch", epoch()},
-                            {"batch_hash", fs::hex64(batch_hash_)}};
+                            {"batch_hash", hex64(batch_hash_)}};
       // MFU: model FLOPs per token x tokens/s per device over the device's peak; unknown without a peak.
       rec["mfu_pct"] = peak_flops_ > 0 ? nlohmann::json(100.0 * flops_per_token_ * tps / world_ / peak_flops_) : nlohmann::json(nullptr);
       if (cfg_.data.mode == "bucketed") rec["padding_pct"] = win_.inputs > 0 ? 100.0 * win_.pad / win_.inputs : 0.0;
@@ -708,7 +709,7 @@ class Trainer {
                      {"val_loss", sum.val_loss}, {"tokens_per_s", sum.tokens_per_s}, {"wall_s", sum.wall_s},
                      {"world_size", world_}, {"telemetry_ms_per_step", telemetry_ms}};
     if (cfg_.data.mode == "bucketed") j["padding_pct"] = pad_pct;
-    fs::write_file_atomic(cfg_.run.dir + "/summary.json", j.dump(2) + "\n");
+    files::write_file_atomic(cfg_.run.dir + "/summary.json", j.dump(2) + "\n");
     return sum;
   }
 

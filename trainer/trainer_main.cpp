@@ -1,5 +1,5 @@
 // build/bin/trainer CONFIG.yaml [dotted.key=value ...]
-#include "trainer/errors.h"
+#include "common/errors.h"
 #include "trainer/cli.h"
 
 int main(int argc, char** argv) {

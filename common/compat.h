@@ -1,0 +1,96 @@
+// The ONE place for LibTorch version differences (Debian's 1.13 CPU build in CI, pip's 2.x with
+// CUDA on the GPU machine). Everything else calls these wrappers.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <string>
+
+#define LM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
+namespace lm::compat {
+
+// The c10d base class of process-group backends (Gloo, NCCL): ProcessGroup in 1.13, Backend in 2.x.
+#if LM_TORCH_AT_LEAST(2, 0)
+using CommBackend = c10d::Backend;
+#else
+using CommBackend = c10d::ProcessGroup;
+#endif
+
+// "1.13.0" etc.
+inline std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+constexpr bool kHasSdpa = LM_TORCH_AT_LEAST(2, 0);
+
+// The variable torchrun sets for NCCL's async error handling (renamed in 2.2; the old name warns).
+#if LM_TORCH_AT_LEAST(2, 2)
+constexpr const char* kNcclAsyncErrorHandlingVar = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+#else
+constexpr const char* kNcclAsyncErrorHandlingVar = "NCCL_ASYNC_ERROR_HANDLING";
+#endif
+
+// c10::Allocator gained a pure virtual copy_data() in LibTorch 2.3.
+#if LM_TORCH_AT_LEAST(2, 3)
+#define LM_ALLOCATOR_COPY_DATA \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#else
+#define LM_ALLOCATOR_COPY_DATA
+#endif
+
+// Causal scaled-dot-product attention where LibTorch has it (>= 2.0: flash / memory-efficient /
+// cuDNN kernels). REQUIRES: kHasSdpa; models/attention.cpp holds the fallback for 1.13.
+inline torch::Tensor sdpa_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 double dropout_p) {
+#if LM_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
+#else
+  (void)k, (void)v, (void)dropout_p;
+  TORCH_CHECK(false, "scaled_dot_product_attention needs LibTorch >= 2.0");
+  return q;
+#endif
+}
+
+// bf16 autocast on CUDA: enable / disable (2.4 made the API per device type).
+inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
+#if LM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+#else
+  at::autocast::set_enabled(enabled);
+  at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+// The autocast cast cache keeps bf16 copies of fp32 weights until cleared; Python's
+// torch.autocast clears it on exit, C++ must do it after every forward/backward (else later steps
+// reuse copies of weights the optimizer has since changed).
+inline void clear_autocast_cache() { at::autocast::clear_cache(); }
+
+// at::_fused_adamw_ (one multi-tensor CUDA kernel; LibTorch >= 2.1). Returns false when this
+// LibTorch has none, so the caller falls back to its own update. state_steps are float tensors
+// on the device, incremented by the kernel.
+inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
+                        double beta2, double weight_decay, double eps) {
+#if LM_TORCH_AT_LEAST(2, 1)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)state_steps;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  return false;
+#endif
+}
+
+}  // namespace lm::compat

@@ -1,0 +1,131 @@
+// The streaming training data loader: one split of a prepared dataset, shuffled, cut into packed
+// windows or length-bucketed documents, partitioned over data-parallel ranks, built ahead of the
+// trainer by worker threads, with an exact, versioned resume state.
+//
+// THE SAMPLE STREAM (the same on every rank; it never depends on worker count or prefetch depth)
+//   Epoch e visits the split's shards in a permutation drawn from (seed, e); the epoch's token stream
+//   is their documents in that order, each followed by tokenizer.eos_id.
+//   packed:   sample j of an epoch is the window stream[j*T, j*T+T+1) (T = seq_len); consecutive
+//             windows overlap by one token, so every token is a target exactly once per epoch.
+//             N = floor((L-1)/T) samples per epoch (L = stream length, the same every epoch); the
+//             tail of fewer than T tokens after the last window is not used.
+//   bucketed: a sample is one document plus its EOS, truncated to T+1 tokens (long_docs=truncate) or
+//             cut into windows of T+1 at stride T (split); empty documents give no sample.
+//   Shuffle: the epoch's N samples are cut into blocks of shuffle_buffer samples and each block is
+//   permuted from (seed, epoch, block): the mixing of a streaming shuffle buffer of that size, but
+//   random-access, so the state holds no buffer contents. The epochs' samples, concatenated, are one
+//   endless stream; the cursor counts samples of it.
+//
+// BATCHES (G = world_size * micro_batch samples per global batch)
+//   packed:   global batch k = the next G samples of the stream; rank r takes rows [r*B, (r+1)*B).
+//             There is no remainder rule: a batch that meets the end of an epoch continues into the
+//             next one. Every row holds T targets, so ranks are balanced by construction.
+//   bucketed: each block is sorted by length (longest first, stable) and cut into global batches
+//             whose order inside the block is shuffled from (seed, epoch, block). Within a global
+//             batch samples are sorted longest first and dealt to ranks round-robin (rank r takes
+//             rows r, r+W, r+2W, ...), so the ranks' token counts differ by at most one sample.
+//             Fixed size (token_budget = 0): every rank gets exactly micro_batch rows. Batch
+//             boundaries lie on a grid of G samples; a block's first and last pieces that do not fill
+//             a whole batch straddle into the neighbouring block (the stream goes on, no sample is
+//             lost or repeated). Token budget: inside a block, batches of W*k samples with k*padded
+//             <= token_budget, k as large as fits; a batch never crosses a block, the block's last
+//             batch takes the rest (ranks get k or k+1 rows within the budget; if the budget is below
+//             2*seq_len a rank can get 0 rows at a block's end).
+//             Padding: to the longest sample of the rank's batch minus one, rounded up to
+//             pad_multiple (at most T); inputs padded with tokenizer.pad_id, targets with -1.
+//
+// RESUME: state() is the position after the last batch returned; load_state() continues exactly.
+//   The state's fingerprint (data_version, split, mode, seq_len, seed, shuffle, shuffle_buffer, and
+//   long_docs in bucketed mode) must match or load_state throws DataError naming the field.
+//   World size and micro batch (and token_budget, pad_multiple) may change: the new loader continues
+//   at the same cursor, so over the whole stream no sample is repeated or skipped. In bucketed mode
+//   the batch layout shapes the order, so the block interrupted by such a change keeps the order it
+//   was cut with (saved in the state) and later blocks follow the new layout.
+//
+// Threads: next(), state(), load_state() are for one consumer thread. Workers open shards through
+// mmap (file-backed pages), at most two per worker; memory is O(prefetch batches + shuffle_buffer +
+// shards), never O(dataset).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/loader/data_config.h"
+#include "data/format/manifest.h"
+
+namespace lm::data {
+
+// Where a row's sample starts: shard index in the manifest's `shards`, document in that shard, token
+// offset in the document (== its length: the sample starts at the document's EOS).
+struct SampleOrigin {
+  uint32_t shard = 0;
+  uint64_t doc = 0;
+  uint64_t offset = 0;
+  bool operator==(const SampleOrigin& o) const { return shard == o.shard && doc == o.doc && offset == o.offset; }
+};
+
+// One rank's share of one global batch. inputs/targets are (rows, cols) row-major.
+struct Batch {
+  int64_t rows = 0, cols = 0;           // this rank's B and padded T
+  std::vector<int64_t> inputs, targets; // rows*cols each; targets -1 at padding
+  int64_t target_tokens = 0;            // targets != -1
+  int64_t pad_tokens = 0;               // padded input positions
+  uint64_t hash = 0;                    // xxh64 of this rank's unpadded sample tokens (uint32 LE), in row order
+  int64_t epoch = 0;                    // epoch of the global batch's first sample
+  uint64_t index = 0;                   // batch number in the stream (0-based)
+  std::vector<SampleOrigin> origins;    // one per row
+};
+
+// How bucketed batches are cut (part of the resume state; unused in packed mode).
+struct BatchLayout {
+  int64_t ranks = 1;         // world size
+  int64_t rows = 0;          // fixed size: rows per rank; 0 = token budget
+  int64_t token_budget = 0;  // budget mode: padded tokens per rank
+  int64_t pad_multiple = 1;  // budget mode: rounding of the padded length
+  uint64_t anchor = 0;       // fixed size: batches start at anchor + k*ranks*rows of the stream
+};
+
+struct LoaderState {
+  int version = 1;
+  uint64_t cursor = 0;   // samples of the global stream consumed by all ranks together
+  uint64_t batches = 0;  // batches returned
+  std::vector<std::pair<std::string, std::string>> fingerprint;  // what fixes the sample order
+  BatchLayout layout;        // bucketed: the layout in use
+  BatchLayout block_layout;  // bucketed: the layout that ordered the block holding the cursor
+
+  std::string to_json() const;
+  // Throws DataError ("loader state: ...") on malformed JSON or an unknown version.
+  static LoaderState from_json(const std::string& text);
+};
+
+class Loader {
+ public:
+  // Validates the split (every shard's header and sizes against the manifest, checksums when
+  // verify=full) and throws DataError naming the file on any problem, before starting workers.
+  // Bad option values throw ConfigError naming the data.* key. REQUIRES: 0 <= rank < world_size.
+  Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
+         int64_t micro_batch, int rank, int world_size, uint64_t seed);
+  ~Loader();  // stops and joins the workers, also while they wait on a full queue
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Blocks for the next batch. An error met by a worker (e.g. a corrupt shard) is rethrown here,
+  // in batch order, as the exception the worker caught (DataError naming the shard); it is sticky.
+  Batch next();
+  double last_wait_ms() const;  // how long the last next() blocked
+  LoaderState state() const;
+  // Restarts the pipeline at `s`. Throws DataError naming the field when `s` was made for other
+  // data or another sample order (see RESUME above).
+  void load_state(const LoaderState& s);
+  int64_t samples_per_epoch() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lm::data

@@ -1,0 +1,427 @@
+// prep: inputs -> documents -> tokens (on several threads) -> train/val shards + manifest.json, built
+// in a temp directory and swapped into place (see prep.h).
+//
+// Determinism: documents are read in a fixed order (inputs as given, directory files sorted by
+// path), tokenized in batches whose results are written back in reading order, and the split is a
+// hash of each document's text; nothing depends on the thread count, timing or the clock.
+#include "data/prep/prep.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "data/format/shard.h"
+#include "data/tokenizer/tokenizer.h"
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
+#include "common/log.h"
+
+namespace lm::data {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr const char* kSpModelFile = "tokenizer.model";
+constexpr size_t kBatchBytes = 1 << 20;  // text per tokenizer work item
+constexpr int kBatchesPerThread = 4;     // work items per round, per thread
+
+// One input to read: a regular file (read on each pass) or text held in memory (stdin, pipes).
+struct Source {
+  std::string name;                         // for messages: the path, or "<stdin>"
+  std::shared_ptr<const std::string> text;  // null for regular files
+};
+
+std::string read_stream(std::istream& in, const std::string& name) {
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw DataError(name + ": read failed");
+  return ss.str();
+}
+
+std::vector<Source> expand_inputs(const std::vector<std::string>& inputs) {
+  std::vector<Source> out;
+  std::shared_ptr<const std::string> stdin_text;
+  for (const auto& in : inputs) {
+    if (in == "-") {
+      if (!stdin_text) stdin_text = std::make_shared<const std::string>(read_stream(std::cin, "<stdin>"));
+      out.push_back({"<stdin>", stdin_text});
+      continue;
+    }
+    std::error_code ec;
+    auto st = stdfs::status(in, ec);
+    if (!stdfs::exists(st)) throw DataError(in + ": no such file or directory");
+    if (stdfs::is_regular_file(st)) {
+      out.push_back({in, nullptr});
+    } else if (stdfs::is_directory(st)) {
+      std::vector<std::string> files;
+      try {
+        for (const auto& e : stdfs::recursive_directory_iterator(in))
+          if (e.is_regular_file()) files.push_back(e.path().string());
+      } catch (const stdfs::filesystem_error& e) {
+        throw DataError(in + ": cannot list directory (" + e.code().message() + ")");
+      }
+      std::sort(files.begin(), files.end());
+      for (auto& f : files) out.push_back({f, nullptr});
+    } else {  // a pipe or device: it can be read only once
+      std::ifstream f(in, std::ios::binary);
+      if (!f) throw DataError(in + ": cannot open (" + std::strerror(errno) + ")");
+      out.push_back({in, std::make_shared<const std::string>(read_stream(f, in))});
+    }
+  }
+  return out;
+}
+
+bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// Yields the documents of all sources, in order, one pass.
+class DocReader {
+ public:
+  DocReader(const std::vector<Source>& sources, const PrepOptions& opt) : sources_(sources), opt_(opt) {}
+
+  // The next non-blank document; false at the end. Throws DataError naming FILE[:LINE].
+  bool next(std::string& doc) {
+    std::string line;
+    for (;;) {
+      if (!in_ && !open_next()) return false;
+      if (!std::getline(*in_, line)) {
+        if (in_->bad()) throw DataError(name() + ": read failed");
+        in_.reset();
+        if (!para_.empty()) return take_paragraph(doc);
+        continue;
+      }
+      ++line_no_;
+      bytes_ += line.size() + 1;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const bool blank = is_blank(line);
+      if (opt_.docs == "paragraph") {
+        if (!blank) para_ += (para_.empty() ? "" : "\n") + line;
+        else if (!para_.empty()) return take_paragraph(doc);
+      } else if (!blank) {
+        doc = opt_.docs == "jsonl" ? jsonl_text(line) : std::move(line);
+        if (!is_blank(doc)) return true;
+      }
+    }
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  bool open_next() {
+    if (src_ == sources_.size()) return false;
+    const Source& s = sources_[src_++];
+    if (s.text) {
+      in_ = std::make_unique<std::istringstream>(*s.text);
+    } else {
+      auto f = std::make_unique<std::ifstream>(s.name, std::ios::binary);
+      if (!*f) throw DataError(s.name + ": cannot open (" + std::strerror(errno) + ")");
+      in_ = std::move(f);
+    }
+    line_no_ = 0;
+    return true;
+  }
+  const std::string& name() const { return sources_[src_ - 1].name; }
+  bool take_paragraph(std::string& doc) {
+    doc = std::move(para_);
+    para_.clear();
+    return true;
+  }
+  std::string jsonl_text(const std::string& line) const {
+    const std::string where = name() + ":" + std::to_string(line_no_);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw DataError(where + ": invalid JSON (" + e.what() + ")");
+    }
+    if (!j.is_object()) throw DataError(where + ": JSONL record is not an object");
+    auto it = j.find(opt_.text_field);
+    if (it == j.end()) throw DataError(where + ": record has no \"" + opt_.text_field + "\" field (--text-field)");
+    if (!it->is_string()) throw DataError(where + ": field \"" + opt_.text_field + "\" is not a string");
+    return it->get<std::string>();
+  }
+
+  const std::vector<Source>& sources_;
+  const PrepOptions& opt_;
+  size_t src_ = 0;
+  std::unique_ptr<std::istream> in_;
+  uint64_t line_no_ = 0, bytes_ = 0;
+  std::string para_;
+};
+
+// A tokenizer work item: documents in, their tokens and splits out.
+struct Batch {
+  std::vector<std::string> docs;
+  std::vector<std::vector<uint32_t>> tokens;
+  std::vector<char> val;
+};
+
+// Runs work(i) for i < n on up to `threads` threads; rethrows the first exception.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  auto loop = [&](size_t t) {
+    try {
+      for (size_t i; (i = next++) < n;) work(i);
+    } catch (...) {
+      errors[t] = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(n, static_cast<size_t>(threads)); ++t) pool.emplace_back(loop, t);
+  loop(0);
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// The shards of one split: "SPLIT_NNNNNN.bin", each closed before it would exceed shard_tokens.
+class SplitWriter {
+ public:
+  SplitWriter(const std::string& dir, const std::string& split, TokenDtype dtype, uint64_t shard_tokens)
+      : dir_(dir), split_(split), dtype_(dtype), shard_tokens_(shard_tokens) {}
+
+  void add(const std::vector<uint32_t>& doc) {
+    if (cur_ && cur_->num_tokens() > 0 && cur_->num_tokens() + doc.size() > shard_tokens_) close();
+    if (!cur_) {
+      file_ = strf("%s_%06zu.bin", split_.c_str(), shards_.size());
+      cur_ = std::make_unique<ShardWriter>(dir_ + "/" + file_, dtype_);
+    }
+    cur_->add_document(doc.data(), doc.size());
+  }
+  // Finishes the open shard, if any.
+  void close() {
+    if (!cur_) return;
+    ShardInfo s{file_, split_, cur_->num_tokens(), cur_->num_docs(), ""};
+    s.xxh64 = hex64(cur_->finish());
+    shards_.push_back(s);
+    cur_.reset();
+  }
+  const std::vector<ShardInfo>& shards() const { return shards_; }
+
+ private:
+  std::string dir_, split_, file_;
+  TokenDtype dtype_;
+  uint64_t shard_tokens_;
+  std::unique_ptr<ShardWriter> cur_;
+  std::vector<ShardInfo> shards_;
+};
+
+// OUT.tmp.<pid>: removed on destruction unless commit() swapped it into place as OUT.
+class StagingDir {
+ public:
+  explicit StagingDir(std::string out) : out_(std::move(out)) {
+    while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
+    tmp_ = out_ + ".tmp." + std::to_string(::getpid());
+    std::error_code ec;
+    auto st = stdfs::symlink_status(out_, ec);
+    if (stdfs::exists(st)) {
+      if (!stdfs::is_directory(st)) throw UsageError("--out " + out_ + ": exists and is not a directory");
+      if (!stdfs::is_empty(out_, ec) && !files::exists(out_ + "/manifest.json"))
+        throw UsageError("--out " + out_ + ": existing directory has no manifest.json (not a prep output); refusing to replace it");
+    }
+    files::remove_all(tmp_);
+    files::make_dirs(tmp_);
+  }
+  ~StagingDir() {
+    if (!committed_) files::remove_all(tmp_);
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  const std::string& path() const { return tmp_; }
+
+  // Swaps the finished directory into place (atomically where the file system can exchange two
+  // names), then removes the previous OUT.
+  void commit() {
+    files::fsync_dir(tmp_);
+    if (!files::exists(out_)) {
+      if (std::rename(tmp_.c_str(), out_.c_str()) != 0) fail();
+    } else if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS) fail();
+      const std::string old = out_ + ".old." + std::to_string(::getpid());
+      if (std::rename(out_.c_str(), old.c_str()) != 0) fail();
+      if (std::rename(tmp_.c_str(), out_.c_str()) != 0) {
+        std::rename(old.c_str(), out_.c_str());
+        fail();
+      }
+      files::remove_all(old);
+    }
+    committed_ = true;
+    files::remove_all(tmp_);  // the previous OUT after an exchange; nothing otherwise
+    files::fsync_dir(stdfs::path(out_).parent_path().empty() ? "." : stdfs::path(out_).parent_path().string());
+  }
+
+ private:
+  [[noreturn]] void fail() const {
+    throw Error(out_ + ": cannot move " + tmp_ + " into place (" + std::strerror(errno) + ")");
+  }
+  std::string out_, tmp_;
+  bool committed_ = false;
+};
+
+// Documents/tokens/bytes of the tokenizing pass so far, on stderr every few seconds and at the end.
+class Progress {
+ public:
+  explicit Progress(bool quiet) : quiet_(quiet) {}
+  void update(uint64_t docs, uint64_t tokens, uint64_t bytes, bool final = false) {
+    auto now = Clock::now();
+    if (quiet_ || (!final && now - last_ < std::chrono::seconds(2))) return;
+    last_ = now;
+    double s = std::chrono::duration<double>(now - start_).count();
+    log::info(strf("prep: %s%llu documents, %llu tokens, %.1f MB read, %.1f MB/s", final ? "done: " : "",
+                   static_cast<unsigned long long>(docs), static_cast<unsigned long long>(tokens), bytes / 1e6,
+                   bytes / 1e6 / std::max(s, 1e-3)));
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool quiet_;
+  Clock::time_point start_ = Clock::now(), last_ = start_;
+};
+
+void validate(const PrepOptions& o) {
+  auto one_of = [](const std::string& v, std::initializer_list<const char*> ok, const char* opt) {
+    for (const char* k : ok)
+      if (v == k) return;
+    std::string list;
+    for (const char* k : ok) list += (list.empty() ? "" : ", ") + std::string(k);
+    throw UsageError(std::string(opt) + ": '" + v + "' is not one of: " + list);
+  };
+  if (o.inputs.empty()) throw UsageError("no INPUT given");
+  if (o.out.empty()) throw UsageError("--out is required");
+  one_of(o.docs, {"line", "paragraph", "jsonl"}, "--docs");
+  one_of(o.tokenizer, {"bytes", "sentencepiece"}, "--tokenizer");
+  one_of(o.sp_type, {"bpe", "unigram"}, "--sp-type");
+  if (o.tokenizer == "bytes" && (o.vocab_size || !o.sp_model.empty()))
+    throw UsageError("--vocab-size and --sp-model need --tokenizer sentencepiece");
+  if (o.tokenizer == "sentencepiece" && o.sp_model.empty() && !o.vocab_size)
+    throw UsageError("--vocab-size is required with --tokenizer sentencepiece (or give --sp-model FILE)");
+  if (!o.sp_model.empty() && o.vocab_size) throw UsageError("--vocab-size cannot be combined with --sp-model");
+  if (o.vocab_size > (1u << 30)) throw UsageError("--vocab-size: too large");
+  if (!(o.val_fraction >= 0 && o.val_fraction <= 1)) throw UsageError("--val-fraction: must be in [0, 1]");
+  if (o.shard_tokens == 0) throw UsageError("--shard-tokens: must be >= 1");
+  if (o.threads < 0) throw UsageError("--threads: must be >= 0");
+}
+
+}  // namespace
+
+bool is_val_document(const std::string& text, uint64_t seed, double val_fraction) {
+  return static_cast<double>(xxh64(text.data(), text.size(), seed) >> 11) * 0x1.0p-53 < val_fraction;
+}
+
+Manifest run_prep(const PrepOptions& opt) {
+  validate(opt);
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::vector<Source> sources = expand_inputs(opt.inputs);
+  StagingDir stage(opt.out);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  {
+    std::string first;
+    if (!DocReader(sources, opt).next(first)) {
+      std::string names;
+      for (const auto& in : opt.inputs) names += (names.empty() ? "" : ", ") + (in == "-" ? "<stdin>" : in);
+      throw DataError("no documents in the input (" + names + ")");
+    }
+  }
+
+  // Tokenizer: bytes, a given sentencepiece model, or one trained on a first pass over the input.
+  std::unique_ptr<Tokenizer> tok;
+  std::string model;
+  if (opt.tokenizer == "bytes") {
+    tok = make_bytes_tokenizer();
+  } else {
+    if (!opt.sp_model.empty()) {
+      model = files::read_file(opt.sp_model);
+      tok = sentencepiece_from_proto(model, opt.sp_model);
+    } else {
+      DocReader reader(sources, opt);
+      model = train_sentencepiece({opt.sp_type, opt.vocab_size}, [&](std::string& d) { return reader.next(d); });
+      tok = sentencepiece_from_proto(model, kSpModelFile);
+      if (!opt.quiet)
+        log::info(strf("prep: trained sentencepiece %s, vocab %llu, in %.1f s", opt.sp_type.c_str(),
+                       static_cast<unsigned long long>(opt.vocab_size), seconds()));
+    }
+    files::write_file_atomic(stage.path() + "/" + kSpModelFile, model);
+  }
+
+  Manifest m;
+  m.tokenizer = tok->info();
+  m.tokenizer.file = model.empty() ? "" : kSpModelFile;
+  const TokenDtype dtype = dtype_for_vocab(m.tokenizer.vocab_size);
+  m.dtype = dtype == TokenDtype::kU16 ? "uint16" : "uint32";
+
+  // Rounds: read threads*4 batches, tokenize them in parallel, write them in reading order.
+  SplitWriter train(stage.path(), "train", dtype, opt.shard_tokens), val(stage.path(), "val", dtype, opt.shard_tokens);
+  DocReader reader(sources, opt);
+  Progress progress(opt.quiet);
+  uint64_t docs = 0, tokens = 0;
+  for (bool more = true; more;) {
+    std::vector<Batch> round;
+    for (int b = 0; more && b < threads * kBatchesPerThread; ++b) {
+      Batch batch;
+      size_t bytes = 0;
+      std::string doc;
+      while (bytes < kBatchBytes && (more = reader.next(doc))) {
+        bytes += doc.size();
+        batch.docs.push_back(std::move(doc));
+      }
+      if (!batch.docs.empty()) round.push_back(std::move(batch));
+    }
+    parallel_for(round.size(), threads, [&](size_t i) {
+      Batch& b = round[i];
+      for (const auto& d : b.docs) {
+        b.tokens.push_back(tok->encode(d));
+        b.val.push_back(is_val_document(d, opt.split_seed, opt.val_fraction));
+      }
+    });
+    for (const Batch& b : round) {
+      for (size_t i = 0; i < b.docs.size(); ++i) {
+        (b.val[i] ? val : train).add(b.tokens[i]);
+        tokens += b.tokens[i].size();
+      }
+      docs += b.docs.size();
+    }
+    progress.update(docs, tokens, reader.bytes());
+  }
+  train.close();
+  val.close();
+
+  m.shards = train.shards();
+  m.shards.insert(m.shards.end(), val.shards().begin(), val.shards().end());
+  m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
+  files::write_file_atomic(stage.path() + "/manifest.json", m.to_json());
+  stage.commit();
+  m.dir = opt.out;
+
+  progress.update(docs, tokens, reader.bytes(), true);
+  if (!opt.quiet) {
+    uint64_t val_docs = 0;
+    for (const auto& s : val.shards()) val_docs += s.docs;
+    log::info(strf("prep: wrote %s: train %zu shards / %llu tokens, val %zu shards / %llu tokens (%llu documents), "
+                   "data version %s, %.1f s",
+                   opt.out.c_str(), train.shards().size(), static_cast<unsigned long long>(m.split_tokens("train")),
+                   val.shards().size(), static_cast<unsigned long long>(m.split_tokens("val")),
+                   static_cast<unsigned long long>(val_docs), m.data_version.c_str(), seconds()));
+    if (val.shards().empty() && opt.val_fraction > 0) log::warn("prep: the val split is empty (too few documents)");
+  }
+  return m;
+}
+
+}  // namespace lm::data

@@ -1,0 +1,16 @@
+// The attention shim the models need: causal self-attention over (B, H, T, hd) heads, on the
+// fastest kernel this LibTorch offers (see common/compat.h for the version switch).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace lm {
+
+// Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd).
+// LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
+// 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v, with the scale folded into q and a
+// cached mask. dropout_p applies to the attention weights, only when `train`.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout_p, bool train);
+
+}  // namespace lm

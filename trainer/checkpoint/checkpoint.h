@@ -1,0 +1,108 @@
+// Full-state checkpoints: layout, atomic commit, verification, retention, sync and async saves.
+//
+// RUN_DIR/checkpoints/step_<8-digit step>/
+//   model.safetensors      weights (byte-identical for identical state)          rank 0
+//   optimizer.safetensors  AdamW moments per parameter ("exp_avg/<name>", ...)   rank 0
+//   ema.safetensors        EMA weights, when train.ema_decay is set              rank 0
+//   state.json             magic, version, progress, scheduler, config, arch...  rank 0
+//   rank_<r>.json          that rank's loader state and RNG streams              every rank
+//   manifest.json          magic, version, every file with bytes and xxh64       rank 0, LAST
+// Files are written into "step_<N>.tmp", fsync'd; rank 0 waits until every rank has finished its
+// files (rank_<r>.done markers on the shared file system), writes manifest.json, renames the
+// directory into place and fsyncs the parent. A directory without a verifying manifest is never a
+// checkpoint. Async saves on CPU fork() a child that writes from a copy-on-write snapshot (training
+// blocks only for the fork, as Redis' BGSAVE does); with CUDA tensors the state is first copied to
+// host memory and written by a thread. At most one save is in flight.
+//
+// Fault injection for tests: LM_FAULT_KILL_IN_SAVE=<step> SIGKILLs the trainer after the first
+// file of that step's checkpoint is written.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainer/checkpoint/checkpoint_config.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace lm {
+
+constexpr const char* kCheckpointMagic = "LMTRAIN-CHECKPOINT";
+constexpr int kCheckpointVersion = 1;
+
+// What one rank contributes to (or gets back from) a checkpoint.
+struct CheckpointState {
+  int64_t step = 0;
+  nlohmann::json state;               // replicated: progress, scheduler, config, arch, data version
+  NamedTensors model, optimizer, ema; // replicated; written by rank 0
+  nlohmann::json rank_state;          // this rank's: loader state, RNG streams
+};
+
+struct SaveReport {
+  int64_t step = 0;
+  std::string dir;
+  bool async = false;
+  double block_ms = 0;   // time the training thread was blocked by this save
+  double write_ms = 0;   // time to write and commit the files
+  double mb = 0;         // megabytes written by this rank
+  std::string error;     // empty when it succeeded
+};
+
+class Checkpointer {
+ public:
+  // Removes stale "*.tmp" directories (rank 0) from interrupted saves.
+  Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world_size);
+  ~Checkpointer();  // waits for an in-flight save
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Saves `st`. Sync: returns once committed (rank 0) or once this rank's files are written.
+  // Async: returns once the snapshot is taken. Failures are reported through finished() (and
+  // thrown here when synchronous and on_error is stop).
+  void save(const CheckpointState& st);
+  // Reports of saves finished since the last call, oldest first.
+  std::vector<SaveReport> finished();
+  void wait();  // until no save is in flight
+
+  // Whether a save is due after `step` optimizer steps (step_s: measured seconds per step, for
+  // every_steps: auto). Logs the chosen interval when it changes.
+  bool due(int64_t step, double step_s);
+
+  // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
+  // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
+  // checksums verify; each one skipped is logged with why. An explicit path that does not verify
+  // throws CheckpointError.
+  std::string load_resume(CheckpointState* out);
+  // Reads a checkpoint for this rank, checking every file it reads against manifest.json's size
+  // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
+  // the last save. Throws CheckpointError naming the file.
+  CheckpointState load(const std::string& dir);
+  // Step of the last save started (or loaded).
+  int64_t last_save_step() const { return last_save_step_; }
+
+  // "" when dir is a complete checkpoint whose files all match manifest.json, else why not
+  // (reads every file).
+  static std::string verify(const std::string& dir);
+  const std::string& dir() const { return ckpt_dir_; }
+
+ private:
+  struct InFlight;
+  void record(SaveReport r);
+  void prune();
+
+  CheckpointConfig cfg_;
+  std::string ckpt_dir_;
+  int rank_, world_;
+  std::unique_ptr<InFlight> inflight_;
+  std::mutex mu_;
+  std::vector<SaveReport> done_;
+  int64_t last_save_step_ = 0, auto_interval_ = 0;
+  double last_cost_s_ = -1, state_mb_ = 0;
+};
+
+}  // namespace lm

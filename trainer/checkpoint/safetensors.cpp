@@ -1,0 +1,188 @@
+// safetensors reader and writer (see safetensors.h).
+#include "trainer/checkpoint/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/checksum.h"
+#include "common/files.h"
+
+namespace lm {
+namespace {
+
+const std::vector<std::pair<torch::ScalarType, std::string>>& dtype_names() {
+  static const std::vector<std::pair<torch::ScalarType, std::string>> k = {
+      {torch::kFloat, "F32"}, {torch::kDouble, "F64"}, {torch::kHalf, "F16"},
+      {torch::kBFloat16, "BF16"}, {torch::kLong, "I64"}, {torch::kInt, "I32"},
+      {torch::kShort, "I16"}, {torch::kChar, "I8"}, {torch::kByte, "U8"}, {torch::kBool, "BOOL"}};
+  return k;
+}
+
+std::string dtype_name(torch::ScalarType t) {
+  for (auto& [s, n] : dtype_names())
+    if (s == t) return n;
+  throw Error(std::string("safetensors: unsupported dtype ") + c10::toString(t));
+}
+
+}  // namespace
+
+SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors_in,
+                                 const std::map<std::string, std::string>& metadata) {
+  NamedTensors tensors = tensors_in;
+  std::sort(tensors.begin(), tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  SafetensorsPlan out;
+  out.plan.name = name;
+  uint64_t off = 0;
+  for (auto& [tname, t] : tensors) {
+    auto c = t.detach().to(torch::kCPU).contiguous();
+    uint64_t nbytes = c.numel() * c.element_size();
+    header[tname] = {{"dtype", dtype_name(c.scalar_type())},
+                     {"shape", c.sizes().vec()},
+                     {"data_offsets", {off, off + nbytes}}};
+    off += nbytes;
+    out.plan.spans.push_back({c.data_ptr(), nbytes});
+    out.keep.push_back(c);
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  uint64_t hlen = h.size();
+  out.plan.head.assign(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
+  out.plan.head += h;
+  return out;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  auto sp = plan_safetensors("", tensors, metadata);
+  files::AtomicFile f(path);
+  f.write(sp.plan.head);
+  for (auto& span : sp.plan.spans) f.write(span.data, span.size);
+  f.commit();
+}
+
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata,
+                              const std::string& expect_xxh64) {
+  auto fail = [&](const std::string& why) { throw CheckpointError(path + ": not a valid safetensors file (" + why + ")"); };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0) throw CheckpointError(path + ": cannot stat");
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
+  try {
+    if (file_size < 8) fail("too short");
+    uint64_t hlen;
+    files::pread_all(fd, path, 0, &hlen, 8);
+    if (hlen > file_size - 8) fail("header length beyond end of file");
+    std::string head(hlen, '\0');
+    files::pread_all(fd, path, 8, head.data(), hlen);
+    Xxh64 hash;
+    hash.update(&hlen, 8);
+    hash.update(head.data(), head.size());
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(head);
+    } catch (const std::exception& e) {
+      fail(std::string("bad header JSON: ") + e.what());
+    }
+    const uint64_t data_start = 8 + hlen, data_size = file_size - data_start;
+    struct Entry {
+      uint64_t begin, end;
+      std::string name;
+      torch::Tensor t;
+    };
+    std::vector<Entry> entries;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (metadata)
+          for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
+        continue;
+      }
+      try {
+        auto dt = it->at("dtype").get<std::string>();
+        auto shape = it->at("shape").get<std::vector<int64_t>>();
+        auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
+        auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
+        if (found == dtype_names().end()) fail("tensor " + it.key() + ": unknown dtype " + dt);
+        auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
+        if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
+            offs[1] - offs[0] != static_cast<uint64_t>(t.numel() * t.element_size()))
+          fail("tensor " + it.key() + ": bad data_offsets");
+        entries.push_back({offs[0], offs[1], it.key(), t});
+      } catch (const nlohmann::json::exception& e) {
+        fail("tensor " + it.key() + ": " + e.what());
+      }
+    }
+    // Tensors in file order, read straight into their memory; gaps (not written by us, but legal to
+    // meet) are read too so the checksum covers every byte.
+    std::sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+    uint64_t pos = 0;
+    std::string gap;
+    for (auto& e : entries) {
+      if (e.begin < pos) fail("tensor " + e.name + ": overlapping data_offsets");
+      if (e.begin > pos) {
+        gap.resize(e.begin - pos);
+        files::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
+        hash.update(gap.data(), gap.size());
+      }
+      files::pread_all(fd, path, data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
+      hash.update(e.t.data_ptr(), e.end - e.begin);
+      pos = e.end;
+    }
+    if (pos < data_size) {
+      gap.resize(data_size - pos);
+      files::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
+      hash.update(gap.data(), gap.size());
+    }
+    if (!expect_xxh64.empty() && hex64(hash.digest()) != expect_xxh64) throw CheckpointError(path + ": checksum mismatch");
+    NamedTensors out;
+    for (auto& e : entries) out.emplace_back(e.name, e.t);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    return out;
+  } catch (const DataError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+NamedTensors module_tensors(const torch::nn::Module& m) {
+  NamedTensors out;
+  for (auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
+  for (auto& b : m.named_buffers()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what) {
+  std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  torch::NoGradGuard ng;
+  size_t used = 0;
+  for (auto& [name, dst] : module_tensors(m)) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw CheckpointError(what + ": missing tensor '" + name + "'");
+    if (it->second.sizes() != dst.sizes())
+      throw CheckpointError(what + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                            ", the model expects " + c10::str(dst.sizes()));
+    dst.copy_(it->second);
+    ++used;
+  }
+  if (used != by_name.size()) {
+    std::set<std::string> names;
+    for (auto& [n, t] : module_tensors(m)) names.insert(n);
+    for (auto& [n, t] : by_name)
+      if (!names.count(n)) throw CheckpointError(what + ": unexpected tensor '" + n + "'");
+  }
+}
+
+}  // namespace lm

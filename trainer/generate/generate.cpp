@@ -1,0 +1,95 @@
+// Sampling and the `generate` command (see generate.h).
+#include "trainer/generate/generate.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "data/tokenizer/tokenizer.h"
+#include "trainer/config.h"
+#include "trainer/cli.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace lm {
+
+std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, const SampleOptions& opt) {
+  TORCH_CHECK(!prompt.empty(), "generate: empty prompt");
+  torch::NoGradGuard ng;
+  model->eval();
+  const auto device = model->wte->weight.device();
+  const int64_t T = model->cfg.seq_len;
+  for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
+    const int64_t n = static_cast<int64_t>(prompt.size()), start = std::max<int64_t>(0, n - T);
+    auto idx = torch::tensor(std::vector<int64_t>(prompt.begin() + start, prompt.end()), torch::kLong)
+                   .view({1, -1}).to(device);
+    auto logits = model->forward(idx).select(1, idx.size(1) - 1).squeeze(0).to(torch::kFloat);  // (V,)
+    if (opt.vocab_limit > 0 && opt.vocab_limit < logits.size(0)) logits = logits.slice(0, 0, opt.vocab_limit);
+    logits = logits / opt.temperature;
+    if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
+      auto kth = std::get<0>(logits.topk(opt.top_k)).select(0, opt.top_k - 1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+    }
+    auto next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
+    prompt.push_back(next);
+  }
+  return prompt;
+}
+
+int generate_cli(int argc, char** argv) {
+  CLI::App app{"Generate text from a trained model."};
+  std::string run_dir, weights, data_dir, prompt;
+  SampleOptions opt;
+  int64_t seed = 1, samples = 1, threads = 0;
+  app.add_option("--run", run_dir, "run directory (its config.yaml and model.safetensors)")->required();
+  app.add_option("--weights", weights, "weights file (default RUN/model.safetensors)");
+  app.add_option("--data", data_dir, "prepared data directory for the tokenizer (default: the run's data.train)");
+  app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
+  app.add_option("--tokens", opt.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", opt.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--top-k", opt.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "random seed");
+  app.add_option("--samples", samples, "number of samples")->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "CPU threads; 0 = default")->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::cout << app.help();
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  auto cfg = load_config(run_dir + "/config.yaml", {});
+  if (weights.empty()) weights = run_dir + "/model.safetensors";
+  auto tok = data::load_tokenizer_isolated(data_dir.empty() ? cfg.data.train : data_dir);
+  const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
+  GPT model(cfg.model, padded_vocab(cfg.model, data_vocab));
+  load_into_module(*model, load_safetensors(weights), weights);
+  opt.vocab_limit = data_vocab;
+  const auto eos = static_cast<int64_t>(tok->info().eos_id);
+  std::vector<int64_t> ids{eos};
+  for (auto t : tok->encode(prompt)) ids.push_back(t);
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  for (int64_t s = 0; s < samples; ++s) {
+    auto out = generate(model, ids, opt);
+    // Documents are separated by EOS: print each on its own line.
+    std::string text;
+    std::vector<uint32_t> doc;
+    for (size_t i = 1; i <= out.size(); ++i) {
+      if (i == out.size() || out[i] == eos) {
+        if (!text.empty() || !doc.empty()) text += tok->decode(doc) + "\n";
+        doc.clear();
+      } else {
+        doc.push_back(static_cast<uint32_t>(out[i]));
+      }
+    }
+    if (samples > 1) std::cout << "--- sample " << s + 1 << " ---\n";
+    std::cout << text << std::flush;
+  }
+  return kExitOk;
+}
+
+}  // namespace lm

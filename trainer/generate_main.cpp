@@ -1,7 +1,0 @@
-// build/bin/generate --run RUN_DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
-#include "trainer/errors.h"
-#include "trainer/cli.h"
-
-int main(int argc, char** argv) {
-  return lm::run_main("generate", [&] { return lm::generate_cli(argc, argv); });
-}

@@ -1,0 +1,56 @@
+// The run directory: the one description of where a run keeps its files. The trainer writes it;
+// launch, sweep, report, generate and the tests read it through these names. Torch-free, header-only.
+//
+// RUN_DIR/
+//   config.yaml                  resolved config (loads back to the same config)
+//   meta.json                    how to reproduce the run and how it ended (telemetry/run_record.h)
+//   metrics.jsonl                one JSON record per line (telemetry/records.h)
+//   summary.json                 the run's totals, written at the end
+//   model.safetensors            final weights
+//   events.out.tfevents.*        TensorBoard scalars
+//   logs/rank_<r>.log            one log per rank (and NCCL's, nvidia-smi snapshots on CUDA)
+//   checkpoints/step_<8 digits>/ full-state checkpoints (checkpoint/checkpoint.h); *.tmp = unfinished
+//   anomalies/step_<8 digits>/   the batch and provenance of an anomalous step
+//   profile/                     Chrome traces of log.profile_steps
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace lm::run_dir {
+
+// "step_00000042": the directory name of a step's checkpoint or anomaly dump.
+inline std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+// The step of a step_name(), or -1 when `name` is not one (e.g. "step_00000042.tmp").
+inline int64_t parse_step_name(const std::string& name) {
+  if (name.size() != 13 || name.compare(0, 5, "step_") != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+inline std::string config(const std::string& run) { return run + "/config.yaml"; }
+inline std::string meta(const std::string& run) { return run + "/meta.json"; }
+inline std::string metrics(const std::string& run) { return run + "/metrics.jsonl"; }
+inline std::string summary(const std::string& run) { return run + "/summary.json"; }
+inline std::string weights(const std::string& run) { return run + "/model.safetensors"; }
+inline std::string logs(const std::string& run) { return run + "/logs"; }
+inline std::string rank_log(const std::string& run, int rank) { return logs(run) + "/rank_" + std::to_string(rank) + ".log"; }
+inline std::string checkpoints(const std::string& run) { return run + "/checkpoints"; }
+inline std::string checkpoint(const std::string& run, int64_t step) { return checkpoints(run) + "/" + step_name(step); }
+inline std::string anomalies(const std::string& run) { return run + "/anomalies"; }
+inline std::string anomaly(const std::string& run, int64_t step) { return anomalies(run) + "/" + step_name(step); }
+inline std::string profile(const std::string& run) { return run + "/profile"; }
+
+// Inside a checkpoint directory: written last, lists every file with its size and xxh64.
+constexpr const char* kCheckpointManifest = "manifest.json";
+
+}  // namespace lm::run_dir

@@ -1,0 +1,233 @@
+// Metrics sinks on a background thread (see metrics.h).
+#include "trainer/telemetry/metrics.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "common/errors.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "trainer/telemetry/tensorboard.h"
+
+namespace lm {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Keeps the lines of `path` whose step is <= keep (a resume drops what came after its checkpoint;
+// a line cut by a crash is dropped too).
+void truncate_after(const std::string& path, int64_t keep) {
+  std::string kept;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    if (j.value("step", int64_t{0}) <= keep) kept += line + "\n";
+  }
+  files::write_file_atomic(path, kept);
+}
+
+std::string eta_text(double s) {
+  if (!(s >= 0) || s > 1e8) return "?";
+  const auto t = static_cast<long long>(s);
+  return t >= 3600 ? strf("%lldh%02lldm", t / 3600, t % 3600 / 60) : strf("%lldm%02llds", t / 60, t % 60);
+}
+
+// Numeric fields worth a TensorBoard scalar, per record kind.
+const char* const kTrainScalars[] = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_rank", "step_ms",
+                                     "data_wait_pct", "mfu_pct", "mem_mb", "padding_pct"};
+
+}  // namespace
+
+MetricsSink::MetricsSink(const Options& opt) : opt_(opt) {
+  const std::string path = opt.run_dir + "/metrics.jsonl";
+  if (opt.keep_through_step >= 0) truncate_after(path, opt.keep_through_step);
+  jsonl_ = std::fopen(path.c_str(), opt.keep_through_step >= 0 ? "a" : "w");
+  if (!jsonl_) throw Error(path + ": cannot open for writing");
+  if (opt.tensorboard) {
+    tb_ = std::make_unique<TensorBoardWriter>(opt.run_dir);
+    // A resume: TensorBoard drops the points the crashed attempt logged past the checkpoint.
+    if (opt.keep_through_step >= 0) tb_->session_start(opt.keep_through_step + 1, now_s());
+  }
+  bar_ = opt.console && ::isatty(STDERR_FILENO);
+  thread_ = std::thread([this] { run(); });
+}
+
+MetricsSink::~MetricsSink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (bar_) std::fputs("\n", stderr);
+  std::fclose(jsonl_);
+}
+
+void MetricsSink::write(nlohmann::json rec) {
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(rec));
+    caller_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  cv_.notify_one();
+}
+
+void MetricsSink::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
+double MetricsSink::caller_ms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return caller_ms_;
+}
+
+void MetricsSink::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && stop_) break;
+    std::deque<nlohmann::json> batch;
+    batch.swap(queue_);
+    busy_ = true;
+    lock.unlock();
+    for (const auto& rec : batch) handle(rec);
+    std::fflush(jsonl_);
+    if (tb_) tb_->flush();
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+void MetricsSink::handle(const nlohmann::json& rec) {
+  const std::string line = rec.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), jsonl_);
+  const std::string kind = rec.value("kind", "");
+  const int64_t step = rec.value("step", int64_t{0});
+  const double wall = rec.value("time", now_s());
+  if (tb_) {
+    auto scalar = [&](const std::string& tag, const char* key) {
+      auto it = rec.find(key);
+      if (it != rec.end() && it->is_number()) tb_->scalar(tag, step, it->get<double>(), wall);
+    };
+    if (kind == "train") {
+      for (const char* key : kTrainScalars) scalar(std::string("train/") + key, key);
+    } else if (kind == "val") {
+      scalar("val/loss", "val_loss");
+      scalar("val/loss_ema", "val_loss_ema");
+    } else if (kind == "checkpoint") {
+      scalar("checkpoint/block_ms", "ckpt_block_ms");
+      scalar("checkpoint/write_ms", "ckpt_write_ms");
+      scalar("checkpoint/mb_per_s", "ckpt_mb_per_s");
+    } else if (kind == "resume") {
+      scalar("resume/recovery_ms", "recovery_ms");
+    } else if (kind == "window") {
+      for (const char* key : {"tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max", "mfu_pct_mean",
+                              "mfu_pct_min", "mfu_pct_max"})
+        scalar(std::string("window/") + key, key);
+    }
+  }
+  if (opt_.console && (kind == "train" || kind == "val" || kind == "window")) console_line(rec);
+  if (kind == "train") long_window(rec);
+}
+
+void MetricsSink::console_line(const nlohmann::json& rec) {
+  const std::string kind = rec.value("kind", "");
+  auto num = [&](const char* key) { return rec.value(key, 0.0); };
+  std::string text;
+  if (kind == "train") {
+    text = strf("step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step | data wait %.1f%%",
+                (long long)rec.value("step", int64_t{0}), (long long)opt_.total_steps, num("loss"), num("lr"),
+                num("grad_norm"), num("tokens_per_s"), num("step_ms"), num("data_wait_pct"));
+    if (rec.contains("mfu_pct") && rec["mfu_pct"].is_number()) text += strf(" | MFU %.1f%%", num("mfu_pct"));
+    if (rec.contains("padding_pct")) text += strf(" | padding %.1f%%", num("padding_pct"));
+  } else if (kind == "val") {
+    text = strf("step %6lld | val loss %.4f", (long long)rec.value("step", int64_t{0}), num("val_loss"));
+    if (rec.contains("val_loss_ema")) text += strf(" | ema %.4f", num("val_loss_ema"));
+  } else {
+    text = strf("last %.0f s: %.0f tok/s (min %.0f, max %.0f)", num("window_s"), num("tokens_per_s_mean"),
+                num("tokens_per_s_min"), num("tokens_per_s_max"));
+    if (rec.contains("mfu_pct_mean")) text += strf(", MFU %.1f%%", num("mfu_pct_mean"));
+  }
+  if (bar_) std::fputs("\r\033[K", stderr);  // clear the bar, print the line above it
+  log::info(text);
+  if (bar_ && kind == "train" && opt_.total_steps > 0) {
+    const int64_t step = rec.value("step", int64_t{0});
+    const double frac = std::min(1.0, static_cast<double>(step) / opt_.total_steps);
+    const int width = 30, full = static_cast<int>(frac * width);
+    const double eta = (opt_.total_steps - step) * num("step_ms") / 1e3;
+    std::fprintf(stderr, "[%s%s] %3.0f%% step %lld/%lld | ETA %s", std::string(full, '#').c_str(),
+                 std::string(width - full, '.').c_str(), 100 * frac, (long long)step, (long long)opt_.total_steps,
+                 eta_text(eta).c_str());
+    std::fflush(stderr);
+  }
+}
+
+void MetricsSink::long_window(const nlohmann::json& rec) {
+  const double wall = rec.value("time", now_s());
+  double tps = rec.value("tokens_per_s", 0.0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (win_last_wall_ >= 0) win_elapsed_ += std::max(0.0, wall - win_last_wall_);
+    win_last_wall_ = wall;
+    win_tps_min_ = win_n_ ? std::min(win_tps_min_, tps) : tps;
+    win_tps_max_ = win_n_ ? std::max(win_tps_max_, tps) : tps;
+    win_tps_sum_ += tps;
+    ++win_n_;
+    if (rec.contains("mfu_pct") && rec["mfu_pct"].is_number()) {
+      const double m = rec["mfu_pct"].get<double>();
+      win_mfu_min_ = win_mfu_n_ ? std::min(win_mfu_min_, m) : m;
+      win_mfu_max_ = win_mfu_n_ ? std::max(win_mfu_max_, m) : m;
+      win_mfu_sum_ += m;
+      ++win_mfu_n_;
+    }
+    if (win_elapsed_ < opt_.long_window_s) return;
+  }
+  nlohmann::json w = {{"kind", "window"}, {"step", rec.value("step", int64_t{0})}, {"time", wall},
+                      {"window_s", win_elapsed_}, {"steps_logged", win_n_},
+                      {"tokens_per_s_mean", win_tps_sum_ / win_n_}, {"tokens_per_s_min", win_tps_min_},
+                      {"tokens_per_s_max", win_tps_max_}};
+  if (win_mfu_n_ > 0) {
+    w["mfu_pct_mean"] = win_mfu_sum_ / win_mfu_n_;
+    w["mfu_pct_min"] = win_mfu_min_;
+    w["mfu_pct_max"] = win_mfu_max_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    win_elapsed_ = win_tps_sum_ = win_mfu_sum_ = 0;
+    win_n_ = win_mfu_n_ = 0;
+  }
+  handle(w);
+}
+
+nlohmann::json MetricsSink::window_state() {
+  flush();
+  std::lock_guard<std::mutex> lock(mu_);
+  return {{"elapsed_s", win_elapsed_}, {"n", win_n_}, {"tps_sum", win_tps_sum_}, {"tps_min", win_tps_min_},
+          {"tps_max", win_tps_max_}, {"mfu_n", win_mfu_n_}, {"mfu_sum", win_mfu_sum_}, {"mfu_min", win_mfu_min_},
+          {"mfu_max", win_mfu_max_}};
+}
+
+void MetricsSink::load_window_state(const nlohmann::json& j) {
+  std::lock_guard<std::mutex> lock(mu_);
+  win_elapsed_ = j.value("elapsed_s", 0.0);
+  win_n_ = j.value("n", int64_t{0});
+  win_tps_sum_ = j.value("tps_sum", 0.0), win_tps_min_ = j.value("tps_min", 0.0), win_tps_max_ = j.value("tps_max", 0.0);
+  win_mfu_n_ = j.value("mfu_n", int64_t{0});
+  win_mfu_sum_ = j.value("mfu_sum", 0.0), win_mfu_min_ = j.value("mfu_min", 0.0), win_mfu_max_ = j.value("mfu_max", 0.0);
+  win_last_wall_ = -1;  // the time between the crash and the resume is not training time
+}
+
+}  // namespace lm
