@@ -9,10 +9,12 @@
 //     torch_save_ms / torch_save_mb_per_s   torch::save of the same tensors, then fsync
 // The dd baseline of the same byte count runs in bench/checkpoint.sh (same disk, same run).
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -22,11 +24,61 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "trainer/runtime/host_allocator.h"
-#include "trainer/optim/optim.h"
+#include "trainer/checkpoint/state.h"
+#include "trainer/optim/adamw.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+struct Timings {
+  double sync_ms = 1e18, block_ms = 1e18, async_ms = 1e18, load_ms = 1e18, torch_ms = 1e18;
+};
+
+// One sync and one async save of `st` into DIR/sync and DIR/async; keeps the best times.
+void time_saves(const lm::CheckpointState& st, const std::string& dir, Timings& t) {
+  for (bool async : {false, true}) {
+    const std::string run = dir + (async ? "/async" : "/sync");
+    lm::files::remove_all(run);
+    lm::CheckpointConfig cc;
+    cc.async = async;
+    lm::Checkpointer ck(cc, run, 0, 1);
+    auto t0 = Clock::now();
+    ck.save(st);
+    const double returned = ms_since(t0);
+    ck.wait();
+    const double total = ms_since(t0);
+    for (auto& rep : ck.finished())
+      if (!rep.error.empty()) throw lm::Error(rep.error);
+    if (async) t.block_ms = std::min(t.block_ms, returned), t.async_ms = std::min(t.async_ms, total);
+    else t.sync_ms = std::min(t.sync_ms, total);
+  }
+}
+
+// Loading DIR/sync back (read + verify every file once), then torch::save of the same tensors.
+void time_load_and_torch_save(const lm::CheckpointState& st, const std::vector<torch::Tensor>& all,
+                              const std::string& dir, Timings& t) {
+  {
+    lm::CheckpointConfig cc;
+    lm::Checkpointer ck(cc, dir + "/sync", 0, 1);
+    ::sync();
+    auto t0 = Clock::now();
+    lm::CheckpointState loaded;
+    ck.load_resume(&loaded);
+    t.load_ms = std::min(t.load_ms, ms_since(t0));
+    if (loaded.replicated.at(lm::state_key::kModel).tensors.size() != st.replicated.at(lm::state_key::kModel).tensors.size())
+      throw lm::Error("load returned the wrong tensors");
+  }
+  const std::string path = dir + "/torch_save.pt";
+  auto t0 = Clock::now();
+  torch::save(all, path);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ::fsync(fd);
+  ::close(fd);
+  t.torch_ms = std::min(t.torch_ms, ms_since(t0));
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,67 +104,30 @@ int main(int argc, char** argv) {
     lm::AdamW opt(flat, oc);
     opt.exp_avg().normal_();
     opt.exp_avg_sq().uniform_();
-    lm::CheckpointState st;
-    st.step = 1;
-    st.state = {{"progress", {{"step", 1}}}};
-    st.model = lm::module_tensors(*model);
-    for (const auto& e : flat.entries()) {
-      st.optimizer.emplace_back("exp_avg/" + e.name, opt.exp_avg().narrow(0, e.offset, e.numel));
-      st.optimizer.emplace_back("exp_avg_sq/" + e.name, opt.exp_avg_sq().narrow(0, e.offset, e.numel));
-    }
-    st.rank_state = {{"rank", 0}};
+    // The trainer's components under their own keys (as trainer/train.cpp registers them).
+    lm::StateRegistry registry;
+    using Scope = lm::StateRegistry::Scope;
+    registry.add(lm::state_key::kModel, Scope::kReplicated,
+                 [&] { return lm::ComponentState{{}, lm::module_tensors(*model)}; }, [](const lm::ComponentState*) {});
+    registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return opt.state(); },
+                 [](const lm::ComponentState*) {});
+    const lm::CheckpointState st = registry.snapshot(1, nlohmann::json::object());
+    std::vector<torch::Tensor> all;  // every tensor saved
+    for (auto& [key, c] : st.replicated)
+      for (auto& [n, t] : c.tensors) all.push_back(t);
     double mb = 0;
-    for (auto* ts : {&st.model, &st.optimizer})
-      for (auto& [n, t] : *ts) mb += t.numel() * t.element_size() / 1e6;
-
-    double sync_ms = 1e18, block_ms = 1e18, async_ms = 1e18, load_ms = 1e18, torch_ms = 1e18;
+    for (auto& t : all) mb += t.numel() * t.element_size() / 1e6;
+    Timings t;
     for (int r = 0; r < reps; ++r) {
-      for (bool async : {false, true}) {
-        const std::string run = dir + (async ? "/async" : "/sync");
-        lm::files::remove_all(run);
-        lm::CheckpointConfig cc;
-        cc.async = async;
-        lm::Checkpointer ck(cc, run, 0, 1);
-        auto t0 = Clock::now();
-        ck.save(st);
-        const double returned = ms_since(t0);
-        ck.wait();
-        const double total = ms_since(t0);
-        for (auto& rep : ck.finished())
-          if (!rep.error.empty()) throw lm::Error(rep.error);
-        if (async) block_ms = std::min(block_ms, returned), async_ms = std::min(async_ms, total);
-        else sync_ms = std::min(sync_ms, total);
-      }
-      {
-        lm::CheckpointConfig cc;
-        lm::Checkpointer ck(cc, dir + "/sync", 0, 1);
-        ::sync();
-        auto t0 = Clock::now();
-        lm::CheckpointState loaded;
-        ck.load_resume(&loaded);  // reads and verifies every file once
-        load_ms = std::min(load_ms, ms_since(t0));
-        if (loaded.model.size() != st.model.size()) throw lm::Error("load returned the wrong tensors");
-      }
-      {
-        std::vector<torch::Tensor> all;
-        for (auto* ts : {&st.model, &st.optimizer})
-          for (auto& [n, t] : *ts) all.push_back(t);
-        const std::string path = dir + "/torch_save.pt";
-        auto t0 = Clock::now();
-        torch::save(all, path);
-        int fd = ::open(path.c_str(), O_RDONLY);
-        ::fsync(fd);
-        ::close(fd);
-        torch_ms = std::min(torch_ms, ms_since(t0));
-        std::filesystem::remove(path);
-      }
+      time_saves(st, dir, t);
+      time_load_and_torch_save(st, all, dir, t);
     }
     lm::files::remove_all(dir + "/sync");
     lm::files::remove_all(dir + "/async");
-    std::cout << nlohmann::json{{"params", model->num_params()}, {"state_mb", mb}, {"sync_ms", sync_ms},
-                                {"sync_mb_per_s", mb / sync_ms * 1e3}, {"async_block_ms", block_ms},
-                                {"async_ms", async_ms}, {"load_ms", load_ms}, {"load_mb_per_s", mb / load_ms * 1e3},
-                                {"torch_save_ms", torch_ms}, {"torch_save_mb_per_s", mb / torch_ms * 1e3}}
+    std::cout << nlohmann::json{{"params", model->num_params()}, {"state_mb", mb}, {"sync_ms", t.sync_ms},
+                                {"sync_mb_per_s", mb / t.sync_ms * 1e3}, {"async_block_ms", t.block_ms},
+                                {"async_ms", t.async_ms}, {"load_ms", t.load_ms}, {"load_mb_per_s", mb / t.load_ms * 1e3},
+                                {"torch_save_ms", t.torch_ms}, {"torch_save_mb_per_s", mb / t.torch_ms * 1e3}}
                      .dump()
               << std::endl;
     return 0;

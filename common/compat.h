@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <optional>
 #include <string>
 
 #define LM_TORCH_AT_LEAST(major, minor) \
@@ -40,12 +41,28 @@ constexpr const char* kNcclAsyncErrorHandlingVar = "TORCH_NCCL_ASYNC_ERROR_HANDL
 constexpr const char* kNcclAsyncErrorHandlingVar = "NCCL_ASYNC_ERROR_HANDLING";
 #endif
 
-// c10::Allocator gained a pure virtual copy_data() in LibTorch 2.3.
+// c10::Allocator in LibTorch 2.3 (c10/core/Allocator.h): allocate() is no longer const
+// (`virtual DataPtr allocate(size_t n) = 0;`), and copy_data() is a new pure virtual. An override
+// of the old const allocate() would not override anything and leave the class abstract.
 #if LM_TORCH_AT_LEAST(2, 3)
+#define LM_ALLOCATOR_ALLOCATE_CONST
 #define LM_ALLOCATOR_COPY_DATA \
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 #else
+#define LM_ALLOCATOR_ALLOCATE_CONST const
 #define LM_ALLOCATOR_COPY_DATA
+#endif
+
+// The optional type that c10d's option structs (TCPStoreOptions::numWorkers) and ATen's optional
+// arguments take: 1.13 has its own c10::optional class; 2.x made c10::optional an alias of
+// std::optional (by 2.4) and its headers spell std::optional (c10d/TCPStore.hpp), so code written
+// against the alias breaks once it is dropped.
+#if LM_TORCH_AT_LEAST(2, 4)
+template <typename T>
+using Optional = std::optional<T>;
+#else
+template <typename T>
+using Optional = c10::optional<T>;
 #endif
 
 // Causal scaled-dot-product attention where LibTorch has it (>= 2.0: flash / memory-efficient /
@@ -76,19 +93,25 @@ inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16
 // reuse copies of weights the optimizer has since changed).
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
+constexpr bool kHasFusedAdamW = LM_TORCH_AT_LEAST(2, 1);
+
 // at::_fused_adamw_ (one multi-tensor CUDA kernel; LibTorch >= 2.1). Returns false when this
-// LibTorch has none, so the caller falls back to its own update. state_steps are float tensors
-// on the device, incremented by the kernel.
+// LibTorch has none, so the caller falls back to its own update. state_steps are float tensors on
+// the device that the kernel READS but does not increment (the caller adds 1 first, as
+// torch/optim/adam.py's _fused_adam does). found_inf (optional, 0-dim float on the device): where it
+// is 1 the kernel returns without touching anything (aten/src/ATen/native/cuda/fused_adam_utils.cuh),
+// and the caller undoes its increment of state_steps.
 inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
-                        double beta2, double weight_decay, double eps) {
+                        double beta2, double weight_decay, double eps, const torch::Tensor& found_inf = {}) {
 #if LM_TORCH_AT_LEAST(2, 1)
+  const Optional<at::Tensor> inf = found_inf.defined() ? Optional<at::Tensor>(found_inf) : Optional<at::Tensor>();
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/Optional<at::Tensor>(), inf);
   return true;
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)state_steps;
-  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)found_inf;
   return false;
 #endif
 }

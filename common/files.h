@@ -14,6 +14,31 @@
 
 namespace lm::files {
 
+// The file-system calls every write path goes through (atomic files, write plans, directory
+// fsyncs, the checkpoint commit rename), as leveldb's Env: the production implementation is plain
+// POSIX; tests install their own (set_file_system) to inject ENOSPC, EIO, short writes, failed
+// fsync or rename. Each method returns 0 or an errno value; none throws or allocates, so they are
+// also safe in a forked child (the async checkpoint writer).
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // Creates or truncates `path` for writing (mode 0644, close-on-exec); *fd on success.
+  virtual int open_for_write(const char* path, int* fd);
+  // Writes up to n bytes; *written gets how many (a short write is not an error here).
+  virtual int write(int fd, const void* data, size_t n, size_t* written);
+  virtual int sync(int fd);       // fsync of a file
+  virtual int close(int fd);
+  virtual int rename(const char* from, const char* to);
+  virtual int sync_dir(const char* dir);  // fsync of a directory (makes renames inside it durable)
+  virtual int remove(const char* path);   // unlink a file
+};
+
+// The file system in use (the POSIX one unless a test installed another).
+FileSystem& file_system();
+// Installs `fs` for the whole process; nullptr restores the POSIX one. REQUIRES: no write in
+// flight on another thread. The caller keeps ownership.
+void set_file_system(FileSystem* fs);
+
 // Whole file as bytes. Throws DataError naming the path when it cannot be read.
 std::string read_file(const std::string& path);
 // Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename, fsync dir).
@@ -34,8 +59,10 @@ class AtomicFile {
   void commit();
 
  private:
+  void flush_buffer();
   std::string path_, tmp_;
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
+  std::string buf_;  // pending bytes, written in large blocks
   uint64_t written_ = 0;
 };
 
@@ -61,8 +88,13 @@ struct WrittenFile {
 // Returns "" on success, else an error message naming the file.
 std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out);
 
-// fsync a directory so a rename inside it is durable.
+// fsync a directory so a rename inside it is durable. Throws lm::Error naming the directory when it
+// cannot be opened or synced (EINVAL, a file system without directory fsync, is not an error).
 void fsync_dir(const std::string& dir);
+// "" or why fsync_dir(dir) failed; for callers that must not throw (a forked writer).
+std::string try_fsync_dir(const std::string& dir);
+// Renames `from` to `to` through the file system in use; "" or the error naming both.
+std::string try_rename(const std::string& from, const std::string& to);
 // mkdir -p. Throws lm::Error on failure.
 void make_dirs(const std::string& dir);
 // rm -rf; no error when missing.

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev googletest
       libgloo-dev libsentencepiece-dev libsentencepiece0 nlohmann-json3-dev libcli11-dev libxxhash-dev libxxhash0
-      libprotobuf-dev libprotobuf32 protobuf-compiler libprotoc32 libisal-dev libisal2)
+      libprotobuf-dev libprotobuf32 protobuf-compiler libprotoc32 libisal-dev libisal2
+      pkgconf pkgconf-bin libpkgconf3)  # pkg-config may be missing there (CMake's pkg_check_modules)
 mkdir -p .deps
 bible -f "Gen1:1-Rev22:21" > .deps/kjv.txt  # the corpus (bible's data paths are fixed at /usr/share)
 cd .deps

@@ -9,6 +9,7 @@
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "common/errors.h"
+#include "trainer/checkpoint/state.h"
 
 namespace lm {
 namespace {
@@ -16,10 +17,11 @@ namespace {
 CheckpointState make_state(int64_t step, float fill) {
   CheckpointState st;
   st.step = step;
-  st.state = {{"progress", {{"step", step}}}};
-  st.model = {{"w", torch::full({64, 64}, fill)}, {"b", torch::arange(8, torch::kFloat)}};
-  st.optimizer = {{"exp_avg/w", torch::full({64, 64}, fill / 2)}};
-  st.rank_state = {{"rank", 0}, {"loader", {{"cursor", step * 10}}}};
+  st.run = {{"data_version", "v"}};
+  st.replicated["progress"].values = {{"step", step}};
+  st.replicated["model"].tensors = {{"w", torch::full({64, 64}, fill)}, {"b", torch::arange(8, torch::kFloat)}};
+  st.replicated["optimizer"].tensors = {{"exp_avg/w", torch::full({64, 64}, fill / 2)}};
+  st.per_rank["loader"].values = {{"cursor", step * 10}};
   return st;
 }
 
@@ -45,10 +47,17 @@ TEST(Checkpoint, LayoutManifestAndRoundTrip) {
   CheckpointState st;
   EXPECT_EQ(ck.load_resume(&st), dir);
   EXPECT_EQ(st.step, 7);
-  EXPECT_EQ(st.state["magic"], kCheckpointMagic);
-  EXPECT_EQ(st.rank_state["loader"]["cursor"], 70);
-  ASSERT_EQ(st.model.size(), 2u);
-  EXPECT_TRUE(torch::equal(st.model[1].second, torch::full({64, 64}, 1.5f)));  // sorted: b, w
+  EXPECT_EQ(st.run["data_version"], "v");
+  EXPECT_EQ(st.replicated["progress"].values["step"], 7);
+  EXPECT_EQ(st.per_rank["loader"].values["cursor"], 70);
+  EXPECT_EQ(st.saved_rank, 0);
+  const auto& model = st.replicated["model"].tensors;
+  ASSERT_EQ(model.size(), 2u);
+  EXPECT_TRUE(torch::equal(model[1].second, torch::full({64, 64}, 1.5f)));  // sorted: b, w
+  const auto state = nlohmann::json::parse(test::read_text(dir + "/state.json"));
+  EXPECT_EQ(state["magic"], kCheckpointMagic);
+  EXPECT_EQ(state["version"], 2);
+  EXPECT_EQ(state["tensor_files"]["model"], "model.safetensors");
 }
 
 TEST(Checkpoint, DamagedOrIncompleteAreSkippedWithReason) {
@@ -111,7 +120,7 @@ TEST(Checkpoint, AsyncForkWritesTheSnapshotNotLaterChanges) {
   cfg.async = true;
   Checkpointer ck(cfg, run.path(), 0, 1);
   auto st = make_state(3, 2.0f);
-  auto w = st.model[0].second;
+  auto w = st.replicated["model"].tensors[0].second;
   ck.save(st);
   w.fill_(9.0f);  // training goes on and changes the weights
   ck.wait();
@@ -120,7 +129,7 @@ TEST(Checkpoint, AsyncForkWritesTheSnapshotNotLaterChanges) {
   EXPECT_TRUE(reports[0].async);
   EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
   auto back = ck.load(run / "checkpoints/step_00000003");
-  EXPECT_TRUE(torch::equal(back.model[1].second, torch::full({64, 64}, 2.0f)));
+  EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 2.0f)));
 }
 
 TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
@@ -144,6 +153,61 @@ TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
   EXPECT_THROW(strict.save(make_state(3, 3.0f)), Error);
 }
 
+// A checkpoint written by the previous format (version 1) is refused with one line naming it and
+// both versions, also by resume: auto (never silently skipped into a fresh start).
+TEST(Checkpoint, PreviousFormatVersionIsRefused) {
+  test::TempDir run;
+  CheckpointConfig cfg;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  ck.save(make_state(5, 1.0f));
+  const std::string dir = run / "checkpoints/step_00000005";
+  auto m = nlohmann::json::parse(test::read_text(dir + "/manifest.json"));
+  m["version"] = 1;
+  test::write_text(dir + "/manifest.json", m.dump(2) + "\n");
+  CheckpointState st;
+  try {
+    ck.load_resume(&st);
+    ADD_FAILURE() << "a version 1 checkpoint was not refused";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(dir), std::string::npos) << what;
+    EXPECT_NE(what.find("format version 1, this build reads version 2"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_EQ(e.exit_code(), kExitBadInput);
+  }
+  cfg.resume = "none";
+  EXPECT_EQ(Checkpointer(cfg, run.path(), 0, 1).load_resume(&st), "");
+}
+
+// The registry composes components by key and refuses a checkpoint that lacks a required one.
+TEST(Checkpoint, RegistryComposesComponentsByKey) {
+  int64_t counter = 41;
+  std::vector<int64_t> loaded;
+  StateRegistry reg;
+  using S = StateRegistry::Scope;
+  reg.add("counter", S::kReplicated, [&] { return ComponentState{{{"n", counter}}, {}}; },
+          [&](const ComponentState* s) { loaded.push_back(s->values.at("n").get<int64_t>()); });
+  reg.add("mine", S::kPerRank, [&] { return ComponentState{{{"r", 3}}, {}}; },
+          [&](const ComponentState* s) { loaded.push_back(s->values.at("r").get<int64_t>()); });
+  reg.add("extra", S::kReplicated, [&] { return ComponentState{}; },
+          [&](const ComponentState* s) { loaded.push_back(s ? 1 : -1); }, /*optional=*/true);
+  EXPECT_THROW(reg.add("mine", S::kPerRank, nullptr, nullptr), Error);
+  auto st = reg.snapshot(9, {{"x", 1}});
+  EXPECT_EQ(st.step, 9);
+  EXPECT_EQ(st.replicated.count("counter"), 1u);
+  EXPECT_EQ(st.per_rank.count("mine"), 1u);
+  st.replicated.erase("extra");
+  reg.restore(st, "ckpt");
+  EXPECT_EQ(loaded, (std::vector<int64_t>{41, 3, -1}));
+  st.replicated.erase("counter");
+  try {
+    reg.restore(st, "ckpt");
+    ADD_FAILURE() << "a missing component was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), "ckpt: has no state for 'counter'");
+  }
+}
+
 }  // namespace
 }  // namespace lm
 
@@ -155,7 +219,7 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
   CheckpointConfig cfg;
   Checkpointer ck(cfg, run.path(), 0, 1);
   auto st = make_state(1, 1.0f);
-  st.ema = {{"w", torch::ones({4, 4})}};
+  st.replicated["ema"].tensors = {{"w", torch::ones({4, 4})}};
   ck.save(st);
   const std::string dir = run / "checkpoints/step_00000001";
   for (const auto& name : names(dir)) {

@@ -3,15 +3,14 @@
 // grace period, --standalone, two "nodes" over loopback, bad input, and a cross-check of the
 // environment against the real torchrun (Debian's python3-torch) when it is installed.
 // Workers are build/bin/launch_fake_worker (tests/fake_worker.cpp) or small shell scripts.
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "tests/testutil.h"
 
 namespace {
@@ -49,46 +49,27 @@ RunResult launch(const std::vector<std::string>& args, const std::vector<std::st
 
 // A launch process running in the background; stdout and stderr to files (one file if the same).
 struct Child {
-  pid_t pid = -1;
+  lm::Process proc;
   std::string out, err;
 };
 
 Child start(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<std::string> argv = {bin_path("launch")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
-  cargv.push_back(nullptr);
-  Child c{-1, out, err};
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    int in = ::open("/dev/null", O_RDONLY);
-    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int e = err == out ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(in, 0);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    ::unsetenv("OMP_NUM_THREADS");
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  return c;
+  lm::SpawnOptions so;
+  so.argv = {bin_path("launch")};
+  so.argv.insert(so.argv.end(), args.begin(), args.end());
+  so.unset_env("OMP_NUM_THREADS");
+  so.in = lm::Redirect::null();
+  so.out = lm::Redirect::file(out, /*append=*/false);
+  so.err = err == out ? lm::Redirect::to_stdout() : lm::Redirect::file(err, /*append=*/false);
+  return Child{lm::Process::spawn(so), out, err};
 }
 
 // Exit code (128+signal if killed); SIGKILLs the child and returns -1 after `timeout_s`.
 int finish(Child& c, double timeout_s = 60) {
-  auto t0 = Clock::now();
-  while (true) {
-    int st = 0;
-    pid_t r = ::waitpid(c.pid, &st, WNOHANG);
-    if (r == c.pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
-      ::kill(c.pid, SIGKILL);
-      ::waitpid(c.pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  if (auto status = c.proc.wait_for(timeout_s)) return lm::exit_code(*status);
+  c.proc.signal(SIGKILL);
+  c.proc.wait();
+  return -1;
 }
 
 size_t count(const std::string& text, const std::string& what) {
@@ -304,7 +285,7 @@ TEST(Launch, SigtermForwardedThenSigkillAfterGrace) {
   auto pids = worker_pids(read_text(tmp / "stdout"));
   ASSERT_EQ(pids.size(), 2u);
   auto t0 = Clock::now();
-  ::kill(c.pid, SIGTERM);
+  c.proc.signal(SIGTERM);
   int code = finish(c, 30);
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(code, 128 + SIGTERM) << read_text(tmp / "stderr");
@@ -324,7 +305,7 @@ TEST(Launch, SigintForwarded) {
                   tmp / "stdout", tmp / "stderr");
   ASSERT_TRUE(wait_until_count(tmp / "stdout", "worker rank=", 2)) << read_text(tmp / "stderr");
   auto t0 = Clock::now();
-  ::kill(c.pid, SIGINT);
+  c.proc.signal(SIGINT);
   EXPECT_EQ(finish(c, 30), 128 + SIGINT);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10) << "workers exit on SIGINT: no grace wait";
   std::string out = read_text(tmp / "stdout");
@@ -488,7 +469,7 @@ TEST(Launch, TwoNodesSigtermOnOneStopsBoth) {
                     tmp / ("node" + std::to_string(k)), tmp / ("node" + std::to_string(k)));
   for (int k : {0, 1})
     ASSERT_TRUE(wait_until_count(tmp / ("node" + std::to_string(k)), "worker rank=", 1)) << read_text(tmp / "node0");
-  ::kill(node[1].pid, SIGTERM);
+  node[1].proc.signal(SIGTERM);
   EXPECT_EQ(finish(node[1], 30), 128 + SIGTERM) << read_text(tmp / "node1");
   EXPECT_EQ(finish(node[0], 30), 128 + SIGTERM) << read_text(tmp / "node0");
   EXPECT_NE(read_text(tmp / "node0").find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << read_text(tmp / "node0");

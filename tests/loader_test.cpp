@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -517,6 +518,51 @@ TEST(LoaderErrorTest, BadShardsAreDataErrorsNamingTheFile) {
   EXPECT_NE(e.find("split 'test' has no shards"), std::string::npos) << e;
   e = data_error([&] { Loader(config("packed"), m, "train", 1000, 1, 0, 1, 1); });
   EXPECT_NE(e.find(tmp.path() + ": split 'train' is too short"), std::string::npos) << e;
+}
+
+// The data.* rules are data_config.h's validate(), the one the config loader calls too.
+TEST(LoaderErrorTest, BadOptionsAreConfigErrorsNamingTheKey) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({5}, 5, 10, 41));
+  auto config_error = [&](const std::function<void(DataConfig&)>& edit) -> std::string {
+    DataConfig c = config("bucketed");
+    edit(c);
+    try {
+      Loader l(c, m, "train", 4, 1, 0, 1, 1);
+    } catch (const ConfigError& e) {
+      std::string what = e.what();
+      EXPECT_THROW(validate(c, 4), ConfigError) << what;
+      return what;
+    }
+    ADD_FAILURE() << "no ConfigError";
+    return "";
+  };
+  EXPECT_EQ(config_error([](DataConfig& c) { c.mode = "random"; }),
+            "key 'data.mode': must be one of packed|bucketed, got 'random'");
+  EXPECT_EQ(config_error([](DataConfig& c) { c.workers = 0; }), "key 'data.workers': must be in [1, 256], got 0");
+  EXPECT_EQ(config_error([](DataConfig& c) { c.prefetch = 1025; }), "key 'data.prefetch': must be in [1, 1024], got 1025");
+  EXPECT_EQ(config_error([](DataConfig& c) { c.token_budget = -1; }), "key 'data.token_budget': must be >= 0, got -1");
+  EXPECT_EQ(config_error([](DataConfig& c) { c.token_budget = 3; }),
+            "key 'data.token_budget': must be >= seq_len (4) so that one sample fits, got 3");
+  EXPECT_NE(config_error([](DataConfig& c) { c.long_docs = "drop"; }).find("key 'data.long_docs'"), std::string::npos);
+  EXPECT_NE(config_error([](DataConfig& c) { c.verify = "none"; }).find("key 'data.verify'"), std::string::npos);
+  DataConfig packed = config("packed");
+  packed.token_budget = 3;  // only bucketed mode uses the budget
+  EXPECT_NO_THROW(validate(packed, 4));
+}
+
+// The shard-versus-manifest check is Manifest::open_shard's, for the loader and the ValReader alike.
+TEST(LoaderErrorTest, ShardThatDoesNotMatchItsEntryIsDataError) {
+  TempDir tmp;
+  Manifest m = make_dataset(tmp.path(), random_shards({5, 5}, 5, 10, 43));
+  const std::string p1 = tmp / m.shards[1].file;
+  ShardWriter w(p1, TokenDtype::kU16);
+  const std::vector<uint32_t> doc = {1, 2, 3};
+  w.add_document(doc.data(), doc.size());
+  w.finish();
+  std::string e = data_error([&] { Loader(config("packed"), m, "train", 4, 1, 0, 1, 1); });
+  EXPECT_EQ(e, p1 + ": does not match its entry in manifest.json (docs, tokens or dtype)");
+  EXPECT_EQ(data_error([&] { m.open_shard(m.shards[1]); }), e);
 }
 
 TEST(LoaderErrorTest, StateFromAnotherOrderIsRefusedNamingTheField) {

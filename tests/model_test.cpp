@@ -7,7 +7,8 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "trainer/generate/generate.h"
-#include "trainer/optim/optim.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/schedule.h"
 #include "trainer/checkpoint/safetensors.h"
 
 namespace lm {

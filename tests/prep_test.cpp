@@ -311,11 +311,11 @@ TEST(PrepTest, ProgressOnStderrUnlessQuiet) {
   EXPECT_EQ(r.out, "");
 }
 
-TEST(PrepTest, SequentialReaderStreamsPreparedDocuments) {
+TEST(PrepTest, ValReaderStreamsPreparedDocuments) {
   TempDir tmp;
   write_text(tmp / "a.txt", "abc\nde\n");
   Manifest m = prep_ok({tmp / "a.txt", "--out", tmp / "out", "--val-fraction", "0"});
-  SequentialReader r(m, "train", 4);
+  ValReader r(m, "train", 4);
   std::vector<int64_t> out;
   r.next(2, out);
   EXPECT_EQ(out, (std::vector<int64_t>{'a', 'b', 'c', 256, 'd', 'd', 'e', 256, 'a', 'b'}));

@@ -1,4 +1,4 @@
-// Shard round trips and corruption, manifest validation, and SequentialReader windows across shard
+// Shard round trips and corruption, manifest validation, and ValReader windows across shard
 // and epoch boundaries, on tiny synthetic shards.
 #include <gtest/gtest.h>
 
@@ -223,12 +223,12 @@ std::vector<int64_t> stream_of(const std::vector<Docs>& shards, size_t n) {
   return out;
 }
 
-TEST(ReaderTest, WindowsOverlapByOneAcrossShardsAndEpochs) {
+TEST(ValReaderTest, WindowsOverlapByOneAcrossShardsAndEpochs) {
   TempDir tmp;
   const Docs s0 = {{10, 11, 12}, {13}}, s1 = {{}, {14, 15}};
   Manifest m = make_dataset(tmp.path(), {{"train", s0}, {"val", {{20}}}, {"train", s1}});
   const int64_t T = 3;
-  SequentialReader r(m, "train", T);
+  ValReader r(m, "train", T);
   std::vector<int64_t> out;
   r.next(1, out);
   EXPECT_EQ(out, (std::vector<int64_t>{10, 11, 12, 256}));
@@ -252,21 +252,21 @@ TEST(ReaderTest, WindowsOverlapByOneAcrossShardsAndEpochs) {
   }
 }
 
-TEST(ReaderTest, ShortOrMissingSplitIsDataError) {
+TEST(ValReaderTest, ShortOrMissingSplitIsDataError) {
   TempDir tmp;
   Manifest m = make_dataset(tmp.path(), {{"train", {{1, 2}, {3}}}});  // stream: 1 2 E 3 E
-  EXPECT_NO_THROW(SequentialReader(m, "train", 4));
-  std::string e = data_error([&] { SequentialReader(m, "train", 5); });
+  EXPECT_NO_THROW(ValReader(m, "train", 4));
+  std::string e = data_error([&] { ValReader(m, "train", 5); });
   EXPECT_NE(e.find(tmp.path() + ": split 'train' holds 5 tokens"), std::string::npos) << e;
-  e = data_error([&] { SequentialReader(m, "val", 1); });
+  e = data_error([&] { ValReader(m, "val", 1); });
   EXPECT_NE(e.find(tmp.path() + ": split 'val' has no shards"), std::string::npos) << e;
 }
 
-TEST(ReaderTest, ShardThatDoesNotMatchManifestIsDataError) {
+TEST(ValReaderTest, ShardThatDoesNotMatchManifestIsDataError) {
   TempDir tmp;
   Manifest m = make_dataset(tmp.path(), {{"train", {{1, 2}, {3}}}});
   write_shard(tmp / m.shards[0].file, TokenDtype::kU16, {{1, 2, 3}});
-  std::string e = data_error([&] { SequentialReader(m, "train", 2); });
+  std::string e = data_error([&] { ValReader(m, "train", 2); });
   EXPECT_NE(e.find(m.shards[0].file + ": does not match"), std::string::npos) << e;
 }
 

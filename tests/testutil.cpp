@@ -2,19 +2,19 @@
 #include "tests/testutil.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
-#include <sys/wait.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -43,98 +43,67 @@ std::string bin_path(const std::string& name) {
 
 std::string source_path(const std::string& rel) { return std::string(LM_SOURCE_DIR) + "/" + rel; }
 
-static std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 RunResult run_bin(const std::string& bin, const std::vector<std::string>& args,
                   const std::string& stdin_text) {
   TempDir tmp;
-  std::string cmd = shell_quote(bin_path(bin));
-  for (auto& a : args) cmd += " " + shell_quote(a);
+  SpawnOptions so;
+  so.argv = {bin_path(bin)};
+  so.argv.insert(so.argv.end(), args.begin(), args.end());
   if (!stdin_text.empty()) {
     write_text(tmp / "stdin", stdin_text);
-    cmd += " < " + shell_quote(tmp / "stdin");
+    so.in = Redirect::file(tmp / "stdin", /*append=*/false);
   } else {
-    cmd += " < /dev/null";
+    so.in = Redirect::null();
   }
-  cmd += " 2>&1";
+  so.out = Redirect::pipe();
+  so.err = Redirect::to_stdout();
   RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
+  Process p = Process::spawn(so);
+  const int fd = p.take_stdout();
   std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
-  else if (WIFSIGNALED(st)) r.exit_code = 128 + WTERMSIG(st);
+  for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) != 0;) {
+    if (n > 0) r.out.append(buf.data(), static_cast<size_t>(n));
+    else if (errno != EINTR) break;
+  }
+  ::close(fd);
+  if (p.exec_errno()) r.out += "cannot execute " + so.argv[0] + ": " + std::strerror(p.exec_errno()) + "\n";
+  r.exit_code = exit_code(p.wait());
   return r;
 }
 
 Proc spawn_bin(const std::string& bin, const std::vector<std::string>& args, const std::string& log,
                const std::vector<std::string>& env) {
-  Proc p;
-  p.log = log;
-  std::vector<std::string> argv_s{bin_path(bin)};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    ::dup2(devnull, 0);
-    for (auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
+  SpawnOptions so;
+  so.argv = {bin_path(bin)};
+  so.argv.insert(so.argv.end(), args.begin(), args.end());
+  for (auto& e : env) {
+    const auto eq = e.find('=');
+    so.set_env(e.substr(0, eq), eq == std::string::npos ? "" : e.substr(eq + 1));
   }
-  p.pid = pid;
-  return p;
+  so.in = Redirect::null();
+  so.out = Redirect::file(log, /*append=*/true);
+  so.err = Redirect::to_stdout();
+  return Proc{Process::spawn(so), log};
 }
 
-void kill_proc(const Proc& p, int sig) {
-  if (p.pid > 0) ::kill(p.pid, sig);  // never kill(-1, ...): that signals every process
-}
+void kill_proc(const Proc& p, int sig) { p.process.signal(sig); }
 
 int wait_proc(Proc& p, double timeout_s) {
-  if (p.pid <= 0) return -1;
-  const auto t0 = std::chrono::steady_clock::now();
-  int st = 0;
-  while (true) {
-    pid_t r = ::waitpid(p.pid, &st, WNOHANG);
-    if (r == p.pid) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
-      ::kill(p.pid, SIGKILL);
-      ::waitpid(p.pid, &st, 0);
-      break;
-    }
-    ::usleep(5000);
+  if (p.process.pid() <= 0) return -1;
+  std::optional<int> st = p.process.wait_for(timeout_s);
+  if (!st) {
+    p.process.signal(SIGKILL);
+    st = p.process.wait();
   }
-  p.pid = -1;
-  if (WIFEXITED(st)) return WEXITSTATUS(st);
-  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-  return -1;
-}
-
-// Running (not a zombie waiting to be reaped), without reaping it.
-static bool alive(const Proc& p) {
-  std::ifstream stat("/proc/" + std::to_string(p.pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  auto rp = s.rfind(')');
-  return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z';
+  return exit_code(*st);
 }
 
 bool wait_until(const Proc& p, const std::function<bool()>& done, double timeout_s) {
-  if (p.pid <= 0) return false;
+  if (p.process.pid() <= 0) return false;
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < timeout_s) {
     if (done()) return true;
-    if (!alive(p)) return false;
+    if (!p.process.running()) return false;
     ::usleep(2000);
   }
   return false;

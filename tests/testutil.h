@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/process.h"
 
 namespace lm::test {
 
@@ -31,15 +32,15 @@ struct RunResult {
   std::string out;     // stdout and stderr together
 };
 
-// Runs `bin` (a name in build/bin, or a path) with args through /bin/sh; stdin from /dev/null
-// unless `stdin_text` is non-empty.
+// Runs `bin` (a name in build/bin, or a path) with args (no shell) and waits for it; stdin from
+// /dev/null unless `stdin_text` is non-empty.
 RunResult run_bin(const std::string& bin, const std::vector<std::string>& args,
                   const std::string& stdin_text = "");
 std::string bin_path(const std::string& name);
 
-// A child process started without a shell; stdout and stderr go to `log`.
+// A child process started in the background; stdout and stderr go to `log`.
 struct Proc {
-  int pid = -1;
+  Process process;
   std::string log;
 };
 // `env` entries ("NAME=value") are added to this process's environment.

@@ -12,11 +12,13 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <sstream>
 
 #include "common/errors.h"
 #include "common/text.h"
+#include "trainer/telemetry/profiler.h"
 
 namespace lm {
 namespace {
@@ -186,18 +188,19 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.text("run.dir", &c.run.dir, "run directory");
   s.integer("run.seed", &c.run.seed, "seed for init, dropout and data order", 0);
 
+  // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
+  const int64_t any = std::numeric_limits<int64_t>::min();
   s.text("data.train", &c.data.train, "prepared dataset directory (from prep)");
   s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train");
-  s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", {"packed", "bucketed"});
-  s.integer("data.workers", &c.data.workers, "loader threads building batches", 1, 256);
-  s.integer("data.prefetch", &c.data.prefetch, "batches built ahead (queue depth)", 1, 1024);
+  s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", data_choices::mode);
+  s.integer("data.workers", &c.data.workers, "loader threads building batches", any);
+  s.integer("data.prefetch", &c.data.prefetch, "batches built ahead (queue depth)", any);
   s.boolean("data.shuffle", &c.data.shuffle, "shuffle shard order and samples");
-  s.integer("data.shuffle_buffer", &c.data.shuffle_buffer, "samples per shuffle/bucketing block", 1, 1 << 30);
-  s.choice("data.long_docs", &c.data.long_docs, "bucketed: documents over seq_len+1 tokens",
-           {"truncate", "split"});
-  s.integer("data.pad_multiple", &c.data.pad_multiple, "bucketed: pad length to a multiple of this", 1, 1 << 20);
-  s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", 0);
-  s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", {"lazy", "full"});
+  s.integer("data.shuffle_buffer", &c.data.shuffle_buffer, "samples per shuffle/bucketing block", any);
+  s.choice("data.long_docs", &c.data.long_docs, "bucketed: documents over seq_len+1 tokens", data_choices::long_docs);
+  s.integer("data.pad_multiple", &c.data.pad_multiple, "bucketed: pad length to a multiple of this", any);
+  s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", any);
+  s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", data_choices::verify);
   s.boolean("data.reuse_batch", &c.data.reuse_batch, "benchmark: reuse the first step's batches (no reading)");
 
   s.choice("model.arch", &c.model.arch, "model architecture", {"gpt"});
@@ -292,7 +295,11 @@ std::string file_where(const std::string& path, const YAML::Node& n) {
   return m.line >= 0 ? path + ":" + std::to_string(m.line + 1) : path;
 }
 
-void apply(const Schema& s, const std::string& where, const std::string& key, const YAML::Node& n) {
+// Where each key's value came from ("FILE:LINE" or "override '...'"), for errors found later.
+using Origins = std::map<std::string, std::string>;
+
+void apply(const Schema& s, const std::string& where, const std::string& key, const YAML::Node& n,
+           Origins* origins = nullptr) {
   const Field* f = s.find(key);
   if (!f) unknown_key(s, where, key);
   try {
@@ -300,10 +307,12 @@ void apply(const Schema& s, const std::string& where, const std::string& key, co
   } catch (const std::string& msg) {
     throw ConfigError(where + ": key '" + key + "': " + msg);
   }
+  if (origins) (*origins)[key] = where;
 }
 
 // Walks a YAML map, applying leaves as dotted keys.
-void walk(const Schema& s, const std::string& path, const std::string& prefix, const YAML::Node& node) {
+void walk(const Schema& s, const std::string& path, const std::string& prefix, const YAML::Node& node,
+          Origins* origins) {
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.as<std::string>();
     std::string key = prefix.empty() ? name : prefix + "." + name;
@@ -311,26 +320,31 @@ void walk(const Schema& s, const std::string& path, const std::string& prefix, c
     if (v.IsMap()) {
       if (s.find(key)) apply(s, file_where(path, it->first), key, v);  // gives "expected a single value"
       if (!s.is_section(key)) unknown_key(s, file_where(path, it->first), key);
-      walk(s, path, key, v);
+      walk(s, path, key, v, origins);
     } else {
       if (!s.find(key) && s.is_section(key))
         throw ConfigError(file_where(path, it->first) + ": key '" + key + "' is a section; expected a map of keys under it");
-      apply(s, file_where(path, v.IsNull() ? it->first : v), key, v);
+      apply(s, v.IsNull() ? file_where(path, it->first) : file_where(path, v), key, v, origins);
     }
   }
 }
 
-void validate(const ExperimentConfig& c) {
+void validate(const ExperimentConfig& c, const Origins& origins) {
+  try {
+    lm::validate(c.data, c.model.seq_len);
+  } catch (const ConfigError& e) {  // "key 'data.X': ...": say where data.X was set
+    const std::string msg = e.what();
+    const auto q = msg.find('\'', 5);
+    auto it = msg.rfind("key '", 0) == 0 && q != std::string::npos ? origins.find(msg.substr(5, q - 5)) : origins.end();
+    if (it == origins.end()) throw;
+    throw ConfigError(it->second + ": " + msg);
+  }
   if (c.model.d_model % c.model.n_head != 0)
     throw ConfigError("key 'model.d_model': " + std::to_string(c.model.d_model) +
                       " is not divisible by model.n_head=" + std::to_string(c.model.n_head));
   if (c.run.dir.empty()) throw ConfigError("key 'run.dir': must not be empty");
-  if (!c.log.profile_steps.empty()) {
-    long long a = 0, b = 0;
-    char tail = 0;
-    if (std::sscanf(c.log.profile_steps.c_str(), "%lld-%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
-      throw ConfigError("key 'log.profile_steps': expected A-B with 1 <= A <= B, got '" + c.log.profile_steps + "'");
-  }
+  if (int64_t a = 0, b = 0; !c.log.profile_steps.empty() && !parse_step_range(c.log.profile_steps, &a, &b))
+    throw ConfigError("key 'log.profile_steps': expected A-B with 1 <= A <= B, got '" + c.log.profile_steps + "'");
   if (c.checkpoint.resume.empty()) throw ConfigError("key 'checkpoint.resume': must be auto, none or a directory");
 }
 
@@ -340,6 +354,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   ExperimentConfig cfg;
   Schema s;
   describe(s, cfg);
+  Origins origins;
   if (!path.empty()) {
     YAML::Node root;
     try {
@@ -354,7 +369,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
     } else if (!root.IsMap()) {
       throw ConfigError(file_where(path, root) + ": expected a map of sections at the top level");
     } else {
-      walk(s, path, "", root);
+      walk(s, path, "", root, &origins);
     }
   }
   for (const auto& ov : overrides) {
@@ -365,9 +380,9 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
     std::string key = ov.substr(0, eq), text = ov.substr(eq + 1);
     // Every key holds one value: the override's text is that value, verbatim (so "a: b" is a
     // string, not a map); an empty value is missing.
-    apply(s, where, key, text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(text));
+    apply(s, where, key, text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(text), &origins);
   }
-  validate(cfg);
+  validate(cfg, origins);
   return cfg;
 }
 

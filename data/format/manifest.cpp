@@ -50,6 +50,11 @@ bool is_hex64(const std::string& s) {
   return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+void check_xxh64(const std::string& path, const std::string& want) {
+  const std::string got = hex64(xxh64_file(path));
+  if (got != want) throw DataError(path + ": checksum " + got + " does not match manifest.json (" + want + ")");
+}
+
 }  // namespace
 
 std::string compute_data_version(const std::vector<ShardInfo>& shards, const std::string& tokenizer_hash) {
@@ -126,19 +131,18 @@ uint64_t Manifest::split_tokens(const std::string& name) const {
   return n;
 }
 
+std::unique_ptr<ShardReader> Manifest::open_shard(const ShardInfo& s) const {
+  auto r = std::make_unique<ShardReader>(dir + "/" + s.file);
+  if (r->num_docs() != s.docs || r->num_tokens() != s.tokens || (r->dtype() == TokenDtype::kU16) != (dtype == "uint16"))
+    throw DataError(r->path() + ": does not match its entry in manifest.json (docs, tokens or dtype)");
+  return r;
+}
+
+void Manifest::verify_shard(const ShardInfo& s) const { check_xxh64(dir + "/" + s.file, s.xxh64); }
+
 void Manifest::verify() const {
-  for (const auto& s : shards) {
-    const std::string path = dir + "/" + s.file;
-    std::string got = hex64(xxh64_file(path));
-    if (got != s.xxh64)
-      throw DataError(path + ": checksum " + got + " does not match manifest.json (" + s.xxh64 + ")");
-  }
-  if (!tokenizer.file.empty()) {
-    const std::string path = dir + "/" + tokenizer.file;
-    std::string got = hex64(xxh64_file(path));
-    if (got != tokenizer.hash)
-      throw DataError(path + ": checksum " + got + " does not match manifest.json (" + tokenizer.hash + ")");
-  }
+  for (const auto& s : shards) verify_shard(s);
+  if (!tokenizer.file.empty()) check_xxh64(dir + "/" + tokenizer.file, tokenizer.hash);
 }
 
 std::string Manifest::to_json() const {

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace lm::data {
+
+class ShardReader;
 
 struct ShardInfo {
   std::string file;    // file name relative to the dataset directory
@@ -37,7 +40,13 @@ struct Manifest {
   // Shards of one split, in order.
   std::vector<ShardInfo> split(const std::string& name) const;
   uint64_t split_tokens(const std::string& name) const;
-  // Recomputes each shard's xxh64; throws DataError naming the first file that differs.
+  // THE check of a shard file against its entry: opens DIR/s.file (ShardReader checks the header
+  // and file size) and compares its document count, token count and token width with `s` and
+  // `dtype`. The checksum is verify_shard()'s. Throws DataError naming the file.
+  std::unique_ptr<ShardReader> open_shard(const ShardInfo& s) const;
+  // Recomputes the xxh64 of shard `s`'s file; throws DataError naming the file when it differs.
+  void verify_shard(const ShardInfo& s) const;
+  // verify_shard() for every shard, and the tokenizer file's hash; throws on the first that differs.
   void verify() const;
   std::string to_json() const;  // the exact bytes prep writes
 };

@@ -1,8 +1,13 @@
-// Configuration of the training data (YAML section `data:`). Torch-free.
+// Configuration of the training data (YAML section `data:`) and its one validation. Torch-free and
+// header-only: the config loader (trainer/config.cpp, linked without lm_data) and the Loader both
+// call validate().
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "common/errors.h"
 
 namespace lm {
 
@@ -12,15 +17,54 @@ struct DataConfig {
 
   // The streaming loader (data/loader/loader.h).
   std::string mode = "packed";       // packed: EOS-joined windows of seq_len+1 | bucketed: one document per sample
-  int64_t workers = 2;               // threads building batches (>= 1)
-  int64_t prefetch = 4;              // batches built ahead of the consumer (queue depth, >= 1)
+  int64_t workers = 2;               // threads building batches, in [1, 256]
+  int64_t prefetch = 4;              // batches built ahead of the consumer (queue depth), in [1, 1024]
   bool shuffle = true;               // shuffle shard order and samples (else the manifest's order)
-  int64_t shuffle_buffer = 4096;     // samples per shuffle block (and per bucketing block)
+  int64_t shuffle_buffer = 4096;     // samples per shuffle block (and per bucketing block), in [1, 2^30]
   std::string long_docs = "truncate";  // bucketed: a document over seq_len+1 tokens is truncated | split
-  int64_t pad_multiple = 8;          // bucketed: pad a batch's length up to a multiple of this (1 = none)
-  int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this
+  int64_t pad_multiple = 8;          // bucketed: pad a batch's length up to a multiple of this (1 = none), in [1, 2^20]
+  int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this (>= seq_len)
   std::string verify = "lazy";       // shard checksums: lazy (first open) | full (all at start)
   bool reuse_batch = false;          // benchmark only: every step re-trains the first batches (no reading)
 };
+
+// The allowed values of the data.* choice keys (validate() and the config schema's choices).
+namespace data_choices {
+inline const std::vector<std::string> mode = {"packed", "bucketed"};
+inline const std::vector<std::string> long_docs = {"truncate", "split"};
+inline const std::vector<std::string> verify = {"lazy", "full"};
+}  // namespace data_choices
+
+// THE range and choice rules of the data.* keys. Throws ConfigError "key 'data.X': must be ..., got V"
+// for the first bad value; `seq_len` is the model's context (token_budget must fit one sample).
+inline void validate(const DataConfig& c, int64_t seq_len) {
+  auto fail = [](const char* key, const std::string& why) {
+    throw ConfigError(std::string("key 'data.") + key + "': " + why);
+  };
+  auto choice = [&](const char* key, const std::string& v, const std::vector<std::string>& allowed) {
+    std::string all;
+    for (const auto& a : allowed) {
+      if (a == v) return;
+      all += (all.empty() ? "" : "|") + a;
+    }
+    fail(key, "must be one of " + all + ", got '" + v + "'");
+  };
+  auto range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {  // hi < 0: no upper bound
+    if (v >= lo && (hi < 0 || v <= hi)) return;
+    const std::string r = hi < 0 ? ">= " + std::to_string(lo) : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    fail(key, "must be " + r + ", got " + std::to_string(v));
+  };
+  choice("mode", c.mode, data_choices::mode);
+  range("workers", c.workers, 1, 256);
+  range("prefetch", c.prefetch, 1, 1024);
+  range("shuffle_buffer", c.shuffle_buffer, 1, int64_t{1} << 30);
+  choice("long_docs", c.long_docs, data_choices::long_docs);
+  range("pad_multiple", c.pad_multiple, 1, int64_t{1} << 20);
+  range("token_budget", c.token_budget, 0, -1);
+  choice("verify", c.verify, data_choices::verify);
+  if (c.mode == "bucketed" && c.token_budget > 0 && c.token_budget < seq_len)
+    fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
+                             std::to_string(c.token_budget));
+}
 
 }  // namespace lm

@@ -45,6 +45,10 @@
 // Threads: next(), state(), load_state() are for one consumer thread. Workers open shards through
 // mmap (file-backed pages), at most two per worker; memory is O(prefetch batches + shuffle_buffer +
 // shards), never O(dataset).
+//
+// This is the loader's one public header. Inside, by stage: shards.h (the split's checked shards),
+// plan.h (the sample stream and each batch's rows), workers.h (threads, prefetch queue, reading
+// through token_walk.h), state.h (fingerprint; LoaderState JSON).
 #pragma once
 
 #include <cstdint>
@@ -105,7 +109,8 @@ class Loader {
  public:
   // Validates the split (every shard's header and sizes against the manifest, checksums when
   // verify=full) and throws DataError naming the file on any problem, before starting workers.
-  // Bad option values throw ConfigError naming the data.* key. REQUIRES: 0 <= rank < world_size.
+  // Bad option values throw ConfigError naming the data.* key (validate(), data_config.h).
+  // REQUIRES: 0 <= rank < world_size.
   Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
          int64_t micro_batch, int rank, int world_size, uint64_t seed);
   ~Loader();  // stops and joins the workers, also while they wait on a full queue

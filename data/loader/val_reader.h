@@ -1,8 +1,8 @@
-// A plain sequential reader over one split of a prepared dataset (the foundation's reader; the
-// streaming loader replaces it). Documents are joined with EOS into one stream, cut into
-// consecutive windows of seq_len+1 tokens (inputs = w[0:T], targets = w[1:T+1]); consecutive
-// windows overlap by one token so no target is lost. Wraps around at the end of the split
-// (epoch += 1). Shards are read through ShardReader, one open at a time.
+// The validation reader: a plain sequential pass over one split of a prepared dataset. Documents are
+// joined with EOS into one stream (TokenWalk, the loader's walk), cut into consecutive windows of
+// seq_len+1 tokens (inputs = w[0:T], targets = w[1:T+1]); consecutive windows overlap by one token
+// so no target is lost. Wraps around at the end of the split (epoch += 1). No shuffle, no workers;
+// shards are opened one at a time (checked against the manifest, checksums not read).
 #pragma once
 
 #include <cstdint>
@@ -11,20 +11,19 @@
 #include <vector>
 
 #include "data/format/manifest.h"
+#include "data/loader/token_walk.h"
 
 namespace lm::data {
 
-class ShardReader;
-
-class SequentialReader {
+class ValReader {
  public:
   // Throws DataError naming the directory and split when the split has no shards or its stream
   // (tokens plus one EOS per document) is shorter than seq_len+1 tokens, or when a shard does not
-  // match the manifest.
-  SequentialReader(const Manifest& m, const std::string& split, int64_t seq_len);
-  ~SequentialReader();
-  SequentialReader(const SequentialReader&) = delete;
-  SequentialReader& operator=(const SequentialReader&) = delete;
+  // match the manifest (the first shard at once, the others when the reader reaches them).
+  ValReader(const Manifest& m, const std::string& split, int64_t seq_len);
+  ~ValReader();
+  ValReader(const ValReader&) = delete;
+  ValReader& operator=(const ValReader&) = delete;
 
   // Resizes out to batch*(T+1) and fills out[b*(T+1) .. (b+1)*(T+1)) with the next windows.
   void next(int64_t batch, std::vector<int64_t>& out);
@@ -32,19 +31,16 @@ class SequentialReader {
   void reset();  // back to the start of the split, epoch 0
 
  private:
-  void open_shard(size_t i);
-  // Copies the next n tokens of the (endless) stream into dst.
-  void fill(uint32_t* dst, uint64_t n);
+  const ShardReader& open(size_t i);
+  // Copies the next n tokens of the endless stream (the split, repeated) into dst.
+  void read(uint32_t* dst, uint64_t n);
+
   Manifest manifest_;
   std::vector<ShardInfo> shards_;
-  int64_t seq_len_;
-  uint32_t eos_;
-  std::unique_ptr<ShardReader> cur_;  // shards_[shard_idx_]
-  size_t shard_idx_ = 0;
-  uint64_t doc_ = 0;            // current document in cur_
-  uint64_t in_doc_ = 0;         // tokens of doc_ already emitted; == its length: its EOS is next
+  std::unique_ptr<ShardReader> cur_;  // the one open shard
+  TokenWalk walk_;
   int64_t epoch_ = 0;
-  int64_t carry_ = -1;          // last token of the previous window (overlap); -1 before the first
+  int64_t carry_ = -1;  // last token of the previous window (overlap); -1 before the first
   std::vector<uint32_t> window_;
 };
 

@@ -165,7 +165,7 @@ class DocReader {
 };
 
 // A tokenizer work item: documents in, their tokens and splits out.
-struct Batch {
+struct DocBatch {
   std::vector<std::string> docs;
   std::vector<std::vector<uint32_t>> tokens;
   std::vector<char> val;
@@ -319,6 +319,94 @@ void validate(const PrepOptions& o) {
   if (o.threads < 0) throw UsageError("--threads: must be >= 0");
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void require_documents(const std::vector<Source>& sources, const PrepOptions& opt) {
+  std::string first;
+  if (DocReader(sources, opt).next(first)) return;
+  std::string names;
+  for (const auto& in : opt.inputs) names += (names.empty() ? "" : ", ") + (in == "-" ? "<stdin>" : in);
+  throw DataError("no documents in the input (" + names + ")");
+}
+
+// The tokenizer: bytes, a given sentencepiece model, or one trained on a first pass over the input.
+// A sentencepiece model is written into `dir` as kSpModelFile and its bytes kept in *model.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::vector<Source>& sources, const PrepOptions& opt,
+                                          const std::string& dir, std::chrono::steady_clock::time_point t0,
+                                          std::string* model) {
+  if (opt.tokenizer == "bytes") return make_bytes_tokenizer();
+  std::unique_ptr<Tokenizer> tok;
+  if (!opt.sp_model.empty()) {
+    *model = files::read_file(opt.sp_model);
+    tok = sentencepiece_from_proto(*model, opt.sp_model);
+  } else {
+    DocReader reader(sources, opt);
+    *model = train_sentencepiece({opt.sp_type, opt.vocab_size}, [&](std::string& d) { return reader.next(d); });
+    tok = sentencepiece_from_proto(*model, kSpModelFile);
+    if (!opt.quiet)
+      log::info(strf("prep: trained sentencepiece %s, vocab %llu, in %.1f s", opt.sp_type.c_str(),
+                     static_cast<unsigned long long>(opt.vocab_size), seconds_since(t0)));
+  }
+  files::write_file_atomic(dir + "/" + kSpModelFile, *model);
+  return tok;
+}
+
+struct Totals {
+  uint64_t docs = 0, tokens = 0, bytes = 0;
+};
+
+// The tokenizing pass, in rounds: read threads*4 batches, tokenize them in parallel, write them in
+// reading order into the train and val shards.
+Totals tokenize_all(const std::vector<Source>& sources, const PrepOptions& opt, const Tokenizer& tok, int threads,
+                    SplitWriter& train, SplitWriter& val, Progress& progress) {
+  DocReader reader(sources, opt);
+  Totals n;
+  for (bool more = true; more;) {
+    std::vector<DocBatch> round;
+    for (int b = 0; more && b < threads * kBatchesPerThread; ++b) {
+      DocBatch batch;
+      size_t bytes = 0;
+      std::string doc;
+      while (bytes < kBatchBytes && (more = reader.next(doc))) {
+        bytes += doc.size();
+        batch.docs.push_back(std::move(doc));
+      }
+      if (!batch.docs.empty()) round.push_back(std::move(batch));
+    }
+    parallel_for(round.size(), threads, [&](size_t i) {
+      DocBatch& b = round[i];
+      for (const auto& d : b.docs) {
+        b.tokens.push_back(tok.encode(d));
+        b.val.push_back(is_val_document(d, opt.split_seed, opt.val_fraction));
+      }
+    });
+    for (const DocBatch& b : round) {
+      for (size_t i = 0; i < b.docs.size(); ++i) {
+        (b.val[i] ? val : train).add(b.tokens[i]);
+        n.tokens += b.tokens[i].size();
+      }
+      n.docs += b.docs.size();
+    }
+    n.bytes = reader.bytes();
+    progress.update(n.docs, n.tokens, n.bytes);
+  }
+  return n;
+}
+
+void log_summary(const PrepOptions& opt, const Manifest& m, const SplitWriter& train, const SplitWriter& val,
+                 double seconds) {
+  uint64_t val_docs = 0;
+  for (const auto& s : val.shards()) val_docs += s.docs;
+  log::info(strf("prep: wrote %s: train %zu shards / %llu tokens, val %zu shards / %llu tokens (%llu documents), "
+                 "data version %s, %.1f s",
+                 opt.out.c_str(), train.shards().size(), static_cast<unsigned long long>(m.split_tokens("train")),
+                 val.shards().size(), static_cast<unsigned long long>(m.split_tokens("val")),
+                 static_cast<unsigned long long>(val_docs), m.data_version.c_str(), seconds));
+  if (val.shards().empty() && opt.val_fraction > 0) log::warn("prep: the val split is empty (too few documents)");
+}
+
 }  // namespace
 
 bool is_val_document(const std::string& text, uint64_t seed, double val_fraction) {
@@ -331,75 +419,19 @@ Manifest run_prep(const PrepOptions& opt) {
   const std::vector<Source> sources = expand_inputs(opt.inputs);
   StagingDir stage(opt.out);
   const auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  {
-    std::string first;
-    if (!DocReader(sources, opt).next(first)) {
-      std::string names;
-      for (const auto& in : opt.inputs) names += (names.empty() ? "" : ", ") + (in == "-" ? "<stdin>" : in);
-      throw DataError("no documents in the input (" + names + ")");
-    }
-  }
+  require_documents(sources, opt);
 
-  // Tokenizer: bytes, a given sentencepiece model, or one trained on a first pass over the input.
-  std::unique_ptr<Tokenizer> tok;
   std::string model;
-  if (opt.tokenizer == "bytes") {
-    tok = make_bytes_tokenizer();
-  } else {
-    if (!opt.sp_model.empty()) {
-      model = files::read_file(opt.sp_model);
-      tok = sentencepiece_from_proto(model, opt.sp_model);
-    } else {
-      DocReader reader(sources, opt);
-      model = train_sentencepiece({opt.sp_type, opt.vocab_size}, [&](std::string& d) { return reader.next(d); });
-      tok = sentencepiece_from_proto(model, kSpModelFile);
-      if (!opt.quiet)
-        log::info(strf("prep: trained sentencepiece %s, vocab %llu, in %.1f s", opt.sp_type.c_str(),
-                       static_cast<unsigned long long>(opt.vocab_size), seconds()));
-    }
-    files::write_file_atomic(stage.path() + "/" + kSpModelFile, model);
-  }
-
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(sources, opt, stage.path(), t0, &model);
   Manifest m;
   m.tokenizer = tok->info();
   m.tokenizer.file = model.empty() ? "" : kSpModelFile;
   const TokenDtype dtype = dtype_for_vocab(m.tokenizer.vocab_size);
   m.dtype = dtype == TokenDtype::kU16 ? "uint16" : "uint32";
 
-  // Rounds: read threads*4 batches, tokenize them in parallel, write them in reading order.
   SplitWriter train(stage.path(), "train", dtype, opt.shard_tokens), val(stage.path(), "val", dtype, opt.shard_tokens);
-  DocReader reader(sources, opt);
   Progress progress(opt.quiet);
-  uint64_t docs = 0, tokens = 0;
-  for (bool more = true; more;) {
-    std::vector<Batch> round;
-    for (int b = 0; more && b < threads * kBatchesPerThread; ++b) {
-      Batch batch;
-      size_t bytes = 0;
-      std::string doc;
-      while (bytes < kBatchBytes && (more = reader.next(doc))) {
-        bytes += doc.size();
-        batch.docs.push_back(std::move(doc));
-      }
-      if (!batch.docs.empty()) round.push_back(std::move(batch));
-    }
-    parallel_for(round.size(), threads, [&](size_t i) {
-      Batch& b = round[i];
-      for (const auto& d : b.docs) {
-        b.tokens.push_back(tok->encode(d));
-        b.val.push_back(is_val_document(d, opt.split_seed, opt.val_fraction));
-      }
-    });
-    for (const Batch& b : round) {
-      for (size_t i = 0; i < b.docs.size(); ++i) {
-        (b.val[i] ? val : train).add(b.tokens[i]);
-        tokens += b.tokens[i].size();
-      }
-      docs += b.docs.size();
-    }
-    progress.update(docs, tokens, reader.bytes());
-  }
+  const Totals n = tokenize_all(sources, opt, *tok, threads, train, val, progress);
   train.close();
   val.close();
 
@@ -410,17 +442,8 @@ Manifest run_prep(const PrepOptions& opt) {
   stage.commit();
   m.dir = opt.out;
 
-  progress.update(docs, tokens, reader.bytes(), true);
-  if (!opt.quiet) {
-    uint64_t val_docs = 0;
-    for (const auto& s : val.shards()) val_docs += s.docs;
-    log::info(strf("prep: wrote %s: train %zu shards / %llu tokens, val %zu shards / %llu tokens (%llu documents), "
-                   "data version %s, %.1f s",
-                   opt.out.c_str(), train.shards().size(), static_cast<unsigned long long>(m.split_tokens("train")),
-                   val.shards().size(), static_cast<unsigned long long>(m.split_tokens("val")),
-                   static_cast<unsigned long long>(val_docs), m.data_version.c_str(), seconds()));
-    if (val.shards().empty() && opt.val_fraction > 0) log::warn("prep: the val split is empty (too few documents)");
-  }
+  progress.update(n.docs, n.tokens, n.bytes, true);
+  if (!opt.quiet) log_summary(opt, m, train, val, seconds_since(t0));
   return m;
 }
 

@@ -20,6 +20,7 @@
 #include "common/checksum.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "trainer/run_dir.h"
 
 namespace lm {
 namespace {
@@ -28,17 +29,15 @@ namespace stdfs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-std::string step_name(int64_t step) { return strf("step_%08lld", static_cast<long long>(step)); }
+using run_dir::step_name;
 
 // Committed checkpoint directories (step_<digits>), newest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   for (auto& e : stdfs::directory_iterator(ckpt_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.size() != 13 || name.rfind("step_", 0) != 0) continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    out.emplace_back(std::stoll(name.substr(5)), e.path().string());
+    const int64_t step = run_dir::parse_step_name(e.path().filename().string());
+    if (e.is_directory() && step >= 0) out.emplace_back(step, e.path().string());
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
   return out;
@@ -69,7 +68,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     }
     files::FilePlan done{"rank_" + std::to_string(rank) + ".done", mine.dump(), {}};
     if (auto err = files::write_plan(tmp, done, nullptr); !err.empty()) return err;
-    files::fsync_dir(tmp);
+    if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
     if (rank != 0) return "";
     // Rank 0: wait for every rank's files, then the manifest, then the rename.
     nlohmann::json files = nlohmann::json::array();
@@ -86,15 +85,13 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     std::sort(files.begin(), files.end(), [](auto& a, auto& b) { return a["name"] < b["name"]; });
     nlohmann::json manifest = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion},
                                {"step", step}, {"world_size", world}, {"files", files}};
-    files::FilePlan mp{"manifest.json", manifest.dump(2) + "\n", {}};
+    files::FilePlan mp{run_dir::kCheckpointManifest, manifest.dump(2) + "\n", {}};
     if (auto err = files::write_plan(tmp, mp, nullptr); !err.empty()) return err;
-    for (int r = 0; r < world; ++r) ::unlink((tmp + "/rank_" + std::to_string(r) + ".done").c_str());
-    files::fsync_dir(tmp);
+    for (int r = 0; r < world; ++r) files::file_system().remove((tmp + "/rank_" + std::to_string(r) + ".done").c_str());
+    if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
     if (files::exists(final_dir)) files::remove_all(final_dir);  // a re-save of the same step
-    if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
-      return final_dir + ": rename failed (" + std::string(std::strerror(errno)) + ")";
-    files::fsync_dir(ckpt_dir);
-    return "";
+    if (auto err = files::try_rename(tmp, final_dir); !err.empty()) return err;
+    return files::try_fsync_dir(ckpt_dir);
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -109,7 +106,7 @@ struct Checkpointer::InFlight {
 };
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world)
-    : cfg_(cfg), ckpt_dir_(run_dir + "/checkpoints"), rank_(rank), world_(world) {
+    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), rank_(rank), world_(world), interval_(cfg, rank == 0) {
   files::make_dirs(ckpt_dir_);
   if (rank_ == 0) {
     std::error_code ec;
@@ -132,7 +129,7 @@ void Checkpointer::wait() {
 
 void Checkpointer::record(SaveReport r) {
   if (r.error.empty() && rank_ == 0) {
-    last_cost_s_ = (r.async ? r.block_ms : r.write_ms) / 1e3;
+    interval_.record_cost((r.async ? r.block_ms : r.write_ms) / 1e3);
     prune();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -146,39 +143,68 @@ std::vector<SaveReport> Checkpointer::finished() {
   return out;
 }
 
+namespace {
+
+// Tensors copied to host memory (for a writer thread that must not see later device updates).
+NamedTensors to_host(const NamedTensors& ts) {
+  NamedTensors copy;
+  for (auto& [n, t] : ts) copy.emplace_back(n, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  return copy;
+}
+
+bool all_on_cpu(const CheckpointState& st) {
+  for (auto& [key, c] : st.replicated)
+    for (auto& [n, t] : c.tensors)
+      if (!t.is_cpu()) return false;
+  return true;
+}
+
+double plans_mb(const std::vector<files::FilePlan>& plans) {
+  double mb = 0;
+  for (auto& p : plans) mb += static_cast<double>(p.size()) / 1e6;
+  return mb;
+}
+
+}  // namespace
+
+// This rank's files, as plans pointing into tensor memory (kept alive through *keep).
+std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep) {
+  const bool copy = cfg_.async && !all_on_cpu(st);  // async from the device: a host copy, now
+  std::vector<files::FilePlan> plans;
+  if (rank_ == 0) {
+    nlohmann::json values = nlohmann::json::object(), tensor_files = nlohmann::json::object();
+    for (auto& [key, c] : st.replicated) {
+      values[key] = c.values;
+      if (c.tensors.empty()) continue;
+      auto tp = plan_safetensors(key + ".safetensors", copy ? to_host(c.tensors) : c.tensors, {{"format", "pt"}});
+      keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
+      tensor_files[key] = tp.plan.name;
+      plans.push_back(std::move(tp.plan));
+    }
+    nlohmann::json state = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion}, {"step", st.step},
+                            {"world_size", world_}, {"run", st.run}, {"components", values},
+                            {"tensor_files", tensor_files}};
+    plans.push_back({"state.json", state.dump(2) + "\n", {}});
+  }
+  nlohmann::json mine = nlohmann::json::object();
+  for (auto& [key, c] : st.per_rank) {
+    if (!c.tensors.empty()) throw Error("checkpoint: per-rank component '" + key + "' has tensors (unsupported)");
+    mine[key] = c.values;
+  }
+  plans.push_back({"rank_" + std::to_string(rank_) + ".json",
+                   nlohmann::json{{"rank", rank_}, {"components", mine}}.dump(2) + "\n", {}});
+  return plans;
+}
+
 void Checkpointer::save(const CheckpointState& st) {
   const auto t0 = Clock::now();
   wait();  // at most one in flight; waiting counts as blocked time
   const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");
   const bool kill = kill_env && std::atoll(kill_env) == st.step;
-
-  // The files of this rank, as plans pointing into tensor memory.
-  std::vector<SafetensorsPlan> tensor_plans;
-  std::vector<files::FilePlan> plans;
-  const bool on_cpu = std::all_of(st.model.begin(), st.model.end(), [](auto& p) { return p.second.is_cpu(); });
-  const bool use_fork = cfg_.async && on_cpu;
-  auto host = [&](const NamedTensors& ts) {
-    if (!cfg_.async || use_fork) return ts;  // sync, or fork: the child sees a frozen snapshot
-    NamedTensors copy;                       // thread: copy to host memory now
-    for (auto& [n, t] : ts) copy.emplace_back(n, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
-    return copy;
-  };
-  if (rank_ == 0) {
-    tensor_plans.push_back(plan_safetensors("model.safetensors", host(st.model), {{"format", "pt"}}));
-    tensor_plans.push_back(plan_safetensors("optimizer.safetensors", host(st.optimizer)));
-    if (!st.ema.empty()) tensor_plans.push_back(plan_safetensors("ema.safetensors", host(st.ema), {{"format", "pt"}}));
-    nlohmann::json state = st.state;
-    state["magic"] = kCheckpointMagic;
-    state["version"] = kCheckpointVersion;
-    state["step"] = st.step;
-    state["world_size"] = world_;
-    for (auto& tp : tensor_plans) plans.push_back(tp.plan);
-    plans.push_back({"state.json", state.dump(2) + "\n", {}});
-  }
-  plans.push_back({"rank_" + std::to_string(rank_) + ".json", st.rank_state.dump(2) + "\n", {}});
-  double mb = 0;
-  for (auto& p : plans) mb += p.size() / 1e6;
-  state_mb_ = mb;
+  std::vector<torch::Tensor> keep;
+  const auto plans = plan_files(st, &keep);
+  const double mb = plans_mb(plans);
+  interval_.set_state_mb(mb);
   last_save_step_ = st.step;
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
 
@@ -192,56 +218,51 @@ void Checkpointer::save(const CheckpointState& st) {
     return;
   }
   inflight_ = std::make_unique<InFlight>();
-  for (auto& tp : tensor_plans) inflight_->keep.insert(inflight_->keep.end(), tp.keep.begin(), tp.keep.end());
-  const auto w0 = Clock::now();
-  if (use_fork) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw Error("checkpoint: fork failed (" + std::string(std::strerror(errno)) + ")");
-    if (pid == 0) {  // child: write from the copy-on-write snapshot, report, exit
-      ::close(fds[0]);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill, parent);
-      if (!err.empty() && ::write(fds[1], err.data(), err.size()) < 0) {}
-      ::_exit(err.empty() ? 0 : 1);
-    }
-    ::close(fds[1]);
-    const double block = ms_since(t0);
-    inflight_->thread = std::thread([this, pid, fd = fds[0], dir, mb, block, w0, step = st.step] {
-      std::string err;
-      char buf[512];
-      ssize_t n;
-      while ((n = ::read(fd, buf, sizeof buf)) > 0) err.append(buf, static_cast<size_t>(n));
-      ::close(fd);
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) err = "checkpoint writer process failed";
-      record({step, dir, true, block, ms_since(w0), mb, err});
-    });
-  } else {
-    const double block = ms_since(t0);
-    inflight_->thread = std::thread([this, plans, dir, mb, block, w0, kill, step = st.step] {
-      std::string err = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
-      record({step, dir, true, block, ms_since(w0), mb, err});
-    });
+  inflight_->keep = std::move(keep);
+  if (all_on_cpu(st)) {  // fork: the child sees a frozen copy-on-write snapshot
+    save_forked(plans, st.step, kill, ms_since(t0));
+    return;
   }
+  const double block = ms_since(t0);
+  const auto w0 = Clock::now();
+  inflight_->thread = std::thread([this, plans, dir, mb, block, w0, kill, step = st.step] {
+    std::string err = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
+    record({step, dir, true, block, ms_since(w0), mb, err});
+  });
 }
 
-bool Checkpointer::due(int64_t step, double step_s) {
-  if (cfg_.every_steps > 0) return step % cfg_.every_steps == 0;
-  if (cfg_.every_steps == 0 || step_s <= 0) return false;
-  // Young/Daly: the interval that minimises lost work plus save cost, sqrt(2 * MTBF * C).
-  const double cost_s = last_cost_s_ >= 0 ? last_cost_s_ : std::max(0.05, state_mb_ / 200.0);
-  const double interval_s = std::sqrt(2.0 * cfg_.mtbf_hours * 3600.0 * cost_s);
-  const int64_t interval = std::max<int64_t>(1, std::llround(interval_s / step_s));
-  if (interval != auto_interval_ && rank_ == 0)
-    log::info(strf("checkpoint interval: %lld steps (Young/Daly: save cost %.3f s, MTBF %.1f h, %.3f s/step)",
-                   (long long)interval, cost_s, cfg_.mtbf_hours, step_s));
-  auto_interval_ = interval;
-  return step - last_save_step_ >= interval;
+// Async on CPU: a forked child writes the plans from the copy-on-write snapshot and reports an
+// error through a pipe; a waiter thread records the outcome. block_ms: blocked time so far.
+void Checkpointer::save_forked(const std::vector<files::FilePlan>& plans, int64_t step, bool kill, double block_ms) {
+  const auto t0 = Clock::now();
+  const double mb = plans_mb(plans);
+  const std::string dir = ckpt_dir_ + "/" + step_name(step);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error("checkpoint: fork failed (" + std::string(std::strerror(errno)) + ")");
+  if (pid == 0) {  // child: write from the copy-on-write snapshot, report, exit
+    ::close(fds[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    std::string err = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill, parent);
+    if (!err.empty() && ::write(fds[1], err.data(), err.size()) < 0) {}
+    ::_exit(err.empty() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  const double block = block_ms + ms_since(t0);
+  inflight_->thread = std::thread([this, pid, fd = fds[0], dir, mb, block, t0, step] {
+    std::string err;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) err.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) err = "checkpoint writer process failed";
+    record({step, dir, true, block, ms_since(t0), mb, err});
+  });
 }
 
 void Checkpointer::prune() {
@@ -257,12 +278,14 @@ void Checkpointer::prune() {
 namespace {
 
 // manifest.json's files: name -> {bytes, xxh64}. "" in *why when the manifest is valid and every
-// file it lists exists with its size (a cheap check); checksums are left to the reader.
-std::map<std::string, std::pair<uint64_t, std::string>> read_manifest(const std::string& dir, std::string* why) {
-  std::map<std::string, std::pair<uint64_t, std::string>> files;
+// file it lists exists with its size (a cheap check); checksums are left to the reader. A manifest
+// of another format version sets *other_version (refused, never skipped).
+using ManifestFiles = std::map<std::string, std::pair<uint64_t, std::string>>;
+ManifestFiles read_manifest(const std::string& dir, std::string* why, bool* other_version = nullptr) {
+  ManifestFiles files;
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(files::read_file(dir + "/manifest.json"));
+    m = nlohmann::json::parse(files::read_file(dir + "/" + run_dir::kCheckpointManifest));
   } catch (const std::exception& e) {
     *why = "no readable manifest.json (" + std::string(e.what()) + ")";
     return files;
@@ -273,8 +296,10 @@ std::map<std::string, std::pair<uint64_t, std::string>> read_manifest(const std:
       return files;
     }
     if (m.at("version") != kCheckpointVersion) {
-      *why = "manifest.json: format version " + m.at("version").dump() + ", this build reads " +
-             std::to_string(kCheckpointVersion);
+      *why = "checkpoint format version " + m.at("version").dump() + ", this build reads version " +
+             std::to_string(kCheckpointVersion) + " (resume it with the build that wrote it, or set "
+             "checkpoint.resume=none to start afresh)";
+      if (other_version) *other_version = true;
       return files;
     }
     for (auto& f : m.at("files")) {
@@ -296,6 +321,40 @@ std::map<std::string, std::pair<uint64_t, std::string>> read_manifest(const std:
   }
   return files;
 }
+
+// Reads files of one checkpoint, each checked against the manifest's checksum in the same pass.
+class CheckedReader {
+ public:
+  CheckedReader(std::string dir, ManifestFiles files) : dir_(std::move(dir)), files_(std::move(files)) {}
+  bool has(const std::string& name) const { return files_.count(name) > 0; }
+  nlohmann::json json(const std::string& name) const {
+    const std::string path = dir_ + "/" + name;
+    std::string bytes;
+    try {
+      bytes = files::read_file(path);
+    } catch (const DataError& e) {
+      throw CheckpointError(e.what());
+    }
+    if (hex64(xxh64(bytes.data(), bytes.size())) != entry(name).second) throw CheckpointError(path + ": checksum mismatch");
+    try {
+      return nlohmann::json::parse(bytes);
+    } catch (const std::exception& e) {
+      throw CheckpointError(path + ": " + e.what());
+    }
+  }
+  NamedTensors tensors(const std::string& name) const {
+    return load_safetensors(dir_ + "/" + name, nullptr, entry(name).second);
+  }
+
+ private:
+  const std::pair<uint64_t, std::string>& entry(const std::string& name) const {
+    auto it = files_.find(name);
+    if (it == files_.end()) throw CheckpointError(dir_ + "/" + name + ": not listed in manifest.json");
+    return it->second;
+  }
+  std::string dir_;
+  ManifestFiles files_;
+};
 
 }  // namespace
 
@@ -319,6 +378,10 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
     return cfg_.resume;
   }
   for (auto& [step, dir] : list_checkpoints(ckpt_dir_)) {
+    std::string why;
+    bool other_version = false;
+    read_manifest(dir, &why, &other_version);
+    if (other_version) throw CheckpointError(dir + ": " + why);
     try {
       *out = load(dir);
       return dir;
@@ -331,43 +394,27 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
 
 CheckpointState Checkpointer::load(const std::string& dir) {
   std::string why;
-  const auto files = read_manifest(dir, &why);
+  CheckedReader in(dir, read_manifest(dir, &why));
   if (!why.empty()) throw CheckpointError(why);
-  // Every file is checked against the manifest's checksum in the same pass that reads it.
-  auto read_json = [&](const std::string& name) {
-    const std::string path = dir + "/" + name;
-    auto it = files.find(name);
-    if (it == files.end()) throw CheckpointError(path + ": not listed in manifest.json");
-    std::string bytes;
-    try {
-      bytes = files::read_file(path);
-    } catch (const DataError& e) {
-      throw CheckpointError(e.what());
-    }
-    if (hex64(xxh64(bytes.data(), bytes.size())) != it->second.second) throw CheckpointError(path + ": checksum mismatch");
-    try {
-      return nlohmann::json::parse(bytes);
-    } catch (const std::exception& e) {
-      throw CheckpointError(path + ": " + e.what());
-    }
-  };
-  auto read_tensors = [&](const std::string& name) {
-    auto it = files.find(name);
-    if (it == files.end()) throw CheckpointError(dir + "/" + name + ": not listed in manifest.json");
-    return load_safetensors(dir + "/" + name, nullptr, it->second.second);
-  };
-  CheckpointState st;
-  st.state = read_json("state.json");
-  if (st.state.value("magic", "") != kCheckpointMagic || st.state.value("version", 0) != kCheckpointVersion)
+  const auto state = in.json("state.json");
+  if (state.value("magic", "") != kCheckpointMagic || state.value("version", 0) != kCheckpointVersion)
     throw CheckpointError(dir + "/state.json: not a version " + std::to_string(kCheckpointVersion) + " checkpoint");
-  st.model = read_tensors("model.safetensors");
-  st.optimizer = read_tensors("optimizer.safetensors");
-  if (files.count("ema.safetensors")) st.ema = read_tensors("ema.safetensors");
-  // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
-  // global; its "rank" field tells the trainer the RNG state is not its own.
-  const std::string mine = "rank_" + std::to_string(rank_) + ".json";
-  st.rank_state = read_json(files.count(mine) ? mine : "rank_0.json");
-  st.step = last_save_step_ = st.state.at("step").get<int64_t>();
+  CheckpointState st;
+  try {
+    st.step = state.at("step").get<int64_t>();
+    st.run = state.at("run");
+    for (auto& [key, values] : state.at("components").items()) st.replicated[key].values = values;
+    for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].tensors = in.tensors(file.get<std::string>());
+    // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
+    // global; saved_rank tells the trainer the RNG state is not its own.
+    const std::string mine = "rank_" + std::to_string(rank_) + ".json";
+    const auto rank_state = in.json(in.has(mine) ? mine : "rank_0.json");
+    st.saved_rank = rank_state.at("rank").get<int>();
+    for (auto& [key, values] : rank_state.at("components").items()) st.per_rank[key].values = values;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(dir + ": malformed state (" + std::string(e.what()) + ")");
+  }
+  last_save_step_ = st.step;
   return st;
 }
 

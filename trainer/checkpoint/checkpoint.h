@@ -1,18 +1,20 @@
 // Full-state checkpoints: layout, atomic commit, verification, retention, sync and async saves.
 //
-// RUN_DIR/checkpoints/step_<8-digit step>/
-//   model.safetensors      weights (byte-identical for identical state)          rank 0
-//   optimizer.safetensors  AdamW moments per parameter ("exp_avg/<name>", ...)   rank 0
-//   ema.safetensors        EMA weights, when train.ema_decay is set              rank 0
-//   state.json             magic, version, progress, scheduler, config, arch...  rank 0
-//   rank_<r>.json          that rank's loader state and RNG streams              every rank
-//   manifest.json          magic, version, every file with bytes and xxh64       rank 0, LAST
+// RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run_dir.h)
+//   <key>.safetensors  tensors of each replicated component (model, optimizer, ema)     rank 0
+//   state.json         magic, version, step, run facts, replicated components' values  rank 0
+//   rank_<r>.json      that rank's components (loader state, RNG streams)               every rank
+//   manifest.json      magic, version, every file with bytes and xxh64                  rank 0, LAST
+// What goes into the files is composed by component (trainer/checkpoint/state.h).
 // Files are written into "step_<N>.tmp", fsync'd; rank 0 waits until every rank has finished its
 // files (rank_<r>.done markers on the shared file system), writes manifest.json, renames the
 // directory into place and fsyncs the parent. A directory without a verifying manifest is never a
 // checkpoint. Async saves on CPU fork() a child that writes from a copy-on-write snapshot (training
 // blocks only for the fork, as Redis' BGSAVE does); with CUDA tensors the state is first copied to
 // host memory and written by a thread. At most one save is in flight.
+//
+// A checkpoint of another format version is refused with CheckpointError (exit 2), also by
+// resume: auto, naming the directory and both versions.
 //
 // Fault injection for tests: LM_FAULT_KILL_IN_SAVE=<step> SIGKILLs the trainer after the first
 // file of that step's checkpoint is written.
@@ -28,20 +30,14 @@
 #include <vector>
 
 #include "trainer/checkpoint/checkpoint_config.h"
-#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/interval.h"
+#include "trainer/checkpoint/state.h"
 
 namespace lm {
 
 constexpr const char* kCheckpointMagic = "LMTRAIN-CHECKPOINT";
-constexpr int kCheckpointVersion = 1;
-
-// What one rank contributes to (or gets back from) a checkpoint.
-struct CheckpointState {
-  int64_t step = 0;
-  nlohmann::json state;               // replicated: progress, scheduler, config, arch, data version
-  NamedTensors model, optimizer, ema; // replicated; written by rank 0
-  nlohmann::json rank_state;          // this rank's: loader state, RNG streams
-};
+// 2: components under fixed keys (state.h). 1: fixed model/optimizer/ema files (refused).
+constexpr int kCheckpointVersion = 2;
 
 struct SaveReport {
   int64_t step = 0;
@@ -70,8 +66,8 @@ class Checkpointer {
   void wait();  // until no save is in flight
 
   // Whether a save is due after `step` optimizer steps (step_s: measured seconds per step, for
-  // every_steps: auto). Logs the chosen interval when it changes.
-  bool due(int64_t step, double step_s);
+  // every_steps: auto; see interval.h).
+  bool due(int64_t step, double step_s) { return interval_.due(step, last_save_step_, step_s); }
 
   // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
   // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
@@ -92,6 +88,8 @@ class Checkpointer {
 
  private:
   struct InFlight;
+  std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep);
+  void save_forked(const std::vector<files::FilePlan>& plans, int64_t step, bool kill, double block_ms);
   void record(SaveReport r);
   void prune();
 
@@ -101,8 +99,8 @@ class Checkpointer {
   std::unique_ptr<InFlight> inflight_;
   std::mutex mu_;
   std::vector<SaveReport> done_;
-  int64_t last_save_step_ = 0, auto_interval_ = 0;
-  double last_cost_s_ = -1, state_mb_ = 0;
+  SaveInterval interval_;
+  int64_t last_save_step_ = 0;
 };
 
 }  // namespace lm

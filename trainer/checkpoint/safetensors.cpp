@@ -70,9 +70,79 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   f.commit();
 }
 
+namespace {
+
+// One tensor of a safetensors header: its byte range in the data section and its memory.
+struct HeaderEntry {
+  uint64_t begin, end;
+  std::string name;
+  torch::Tensor t;
+};
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& why) {
+  throw CheckpointError(path + ": not a valid safetensors file (" + why + ")");
+}
+
+// The header's tensors (allocated, not yet read) and, into *metadata, its "__metadata__".
+std::vector<HeaderEntry> parse_header(const std::string& path, const std::string& head, uint64_t data_size,
+                                      std::map<std::string, std::string>* metadata) {
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(head);
+  } catch (const std::exception& e) {
+    bad_file(path, std::string("bad header JSON: ") + e.what());
+  }
+  std::vector<HeaderEntry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (metadata)
+        for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
+      continue;
+    }
+    try {
+      auto dt = it->at("dtype").get<std::string>();
+      auto shape = it->at("shape").get<std::vector<int64_t>>();
+      auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
+      auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
+      if (found == dtype_names().end()) bad_file(path, "tensor " + it.key() + ": unknown dtype " + dt);
+      auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
+      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
+          offs[1] - offs[0] != static_cast<uint64_t>(t.numel() * t.element_size()))
+        bad_file(path, "tensor " + it.key() + ": bad data_offsets");
+      entries.push_back({offs[0], offs[1], it.key(), t});
+    } catch (const nlohmann::json::exception& e) {
+      bad_file(path, "tensor " + it.key() + ": " + e.what());
+    }
+  }
+  return entries;
+}
+
+// Reads the data section straight into the tensors, in file order, hashing every byte (gaps too:
+// not written by us, but legal to meet).
+void read_data(int fd, const std::string& path, uint64_t data_start, uint64_t data_size,
+               std::vector<HeaderEntry>& entries, Xxh64& hash) {
+  std::sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+  uint64_t pos = 0;
+  std::string gap;
+  auto skip_to = [&](uint64_t to) {
+    gap.resize(to - pos);
+    files::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
+    hash.update(gap.data(), gap.size());
+  };
+  for (auto& e : entries) {
+    if (e.begin < pos) bad_file(path, "tensor " + e.name + ": overlapping data_offsets");
+    if (e.begin > pos) skip_to(e.begin);
+    files::pread_all(fd, path, data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
+    hash.update(e.t.data_ptr(), e.end - e.begin);
+    pos = e.end;
+  }
+  if (pos < data_size) skip_to(data_size);
+}
+
+}  // namespace
+
 NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata,
                               const std::string& expect_xxh64) {
-  auto fail = [&](const std::string& why) { throw CheckpointError(path + ": not a valid safetensors file (" + why + ")"); };
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError(path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
   struct Closer {
@@ -83,70 +153,18 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   if (::fstat(fd, &sb) != 0) throw CheckpointError(path + ": cannot stat");
   const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
   try {
-    if (file_size < 8) fail("too short");
+    if (file_size < 8) bad_file(path, "too short");
     uint64_t hlen;
     files::pread_all(fd, path, 0, &hlen, 8);
-    if (hlen > file_size - 8) fail("header length beyond end of file");
+    if (hlen > file_size - 8) bad_file(path, "header length beyond end of file");
     std::string head(hlen, '\0');
     files::pread_all(fd, path, 8, head.data(), hlen);
     Xxh64 hash;
     hash.update(&hlen, 8);
     hash.update(head.data(), head.size());
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(head);
-    } catch (const std::exception& e) {
-      fail(std::string("bad header JSON: ") + e.what());
-    }
     const uint64_t data_start = 8 + hlen, data_size = file_size - data_start;
-    struct Entry {
-      uint64_t begin, end;
-      std::string name;
-      torch::Tensor t;
-    };
-    std::vector<Entry> entries;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        if (metadata)
-          for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
-        continue;
-      }
-      try {
-        auto dt = it->at("dtype").get<std::string>();
-        auto shape = it->at("shape").get<std::vector<int64_t>>();
-        auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
-        auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
-        if (found == dtype_names().end()) fail("tensor " + it.key() + ": unknown dtype " + dt);
-        auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
-        if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
-            offs[1] - offs[0] != static_cast<uint64_t>(t.numel() * t.element_size()))
-          fail("tensor " + it.key() + ": bad data_offsets");
-        entries.push_back({offs[0], offs[1], it.key(), t});
-      } catch (const nlohmann::json::exception& e) {
-        fail("tensor " + it.key() + ": " + e.what());
-      }
-    }
-    // Tensors in file order, read straight into their memory; gaps (not written by us, but legal to
-    // meet) are read too so the checksum covers every byte.
-    std::sort(entries.begin(), entries.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
-    uint64_t pos = 0;
-    std::string gap;
-    for (auto& e : entries) {
-      if (e.begin < pos) fail("tensor " + e.name + ": overlapping data_offsets");
-      if (e.begin > pos) {
-        gap.resize(e.begin - pos);
-        files::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
-        hash.update(gap.data(), gap.size());
-      }
-      files::pread_all(fd, path, data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
-      hash.update(e.t.data_ptr(), e.end - e.begin);
-      pos = e.end;
-    }
-    if (pos < data_size) {
-      gap.resize(data_size - pos);
-      files::pread_all(fd, path, data_start + pos, gap.data(), gap.size());
-      hash.update(gap.data(), gap.size());
-    }
+    auto entries = parse_header(path, head, data_size, metadata);
+    read_data(fd, path, data_start, data_size, entries, hash);
     if (!expect_xxh64.empty() && hex64(hash.digest()) != expect_xxh64) throw CheckpointError(path + ": checksum mismatch");
     NamedTensors out;
     for (auto& e : entries) out.emplace_back(e.name, e.t);

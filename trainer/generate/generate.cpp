@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/run_dir.h"
 
 namespace lm {
 
@@ -40,10 +41,10 @@ std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, const Sam
 
 int generate_cli(int argc, char** argv) {
   CLI::App app{"Generate text from a trained model."};
-  std::string run_dir, weights, data_dir, prompt;
+  std::string run, weights, data_dir, prompt;
   SampleOptions opt;
   int64_t seed = 1, samples = 1, threads = 0;
-  app.add_option("--run", run_dir, "run directory (its config.yaml and model.safetensors)")->required();
+  app.add_option("--run", run, "run directory (its config.yaml and model.safetensors)")->required();
   app.add_option("--weights", weights, "weights file (default RUN/model.safetensors)");
   app.add_option("--data", data_dir, "prepared data directory for the tokenizer (default: the run's data.train)");
   app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
@@ -62,8 +63,8 @@ int generate_cli(int argc, char** argv) {
     throw UsageError(e.what());
   }
   if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
-  auto cfg = load_config(run_dir + "/config.yaml", {});
-  if (weights.empty()) weights = run_dir + "/model.safetensors";
+  auto cfg = load_config(run_dir::config(run), {});
+  if (weights.empty()) weights = run_dir::weights(run);
   auto tok = data::load_tokenizer_isolated(data_dir.empty() ? cfg.data.train : data_dir);
   const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
   GPT model(cfg.model, padded_vocab(cfg.model, data_vocab));

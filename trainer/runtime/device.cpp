@@ -7,9 +7,12 @@
 #include <mutex>
 
 #include "common/compat.h"
+#include "common/errors.h"
+#include "common/log.h"
 #if LM_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAStream.h>
@@ -21,9 +24,22 @@
 
 namespace lm {
 
+torch::Device use_device(const torch::Device& device) {
+  if (!device.is_cuda()) return device;
+  const int count = static_cast<int>(torch::cuda::device_count());
+  if (device.index() < 0 || device.index() >= count)
+    throw ConfigError(strf("key 'train.device': %s (LOCAL_RANK) but %d CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)",
+                           device.str().c_str(), count));
+#if LM_CUDA
+  c10::cuda::set_device(device.index());
+#endif
+  return device;
+}
+
 #if LM_CUDA
 struct BatchUploader::Cuda {
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false);
+  explicit Cuda(c10::DeviceIndex index) : side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)) {}
+  c10::cuda::CUDAStream side;  // a side stream of the uploader's device (not the current one)
 };
 #else
 struct BatchUploader::Cuda {};
@@ -31,7 +47,7 @@ struct BatchUploader::Cuda {};
 
 BatchUploader::BatchUploader(const torch::Device& device) : device_(device) {
 #if LM_CUDA
-  if (device_.is_cuda()) cuda_ = std::make_unique<Cuda>();
+  if (device_.is_cuda()) cuda_ = std::make_unique<Cuda>(device_.index());
 #endif
 }
 
@@ -142,6 +158,30 @@ void set_cuda_rng_state(const torch::Device& device, const torch::Tensor& state)
     gen.set_state(state);
   }
 #endif
+}
+
+HostScalars::HostScalars(const torch::Tensor& values, bool wait) {
+  const auto flat = values.detach().reshape({-1});
+#if LM_CUDA
+  if (flat.is_cuda()) {
+    host_ = torch::empty(flat.sizes(), flat.options().device(torch::kCPU).pinned_memory(true));
+    host_.copy_(flat, /*non_blocking=*/true);
+    auto event = std::make_shared<at::cuda::CUDAEvent>();
+    event->record(c10::cuda::getCurrentCUDAStream(flat.device().index()));
+    if (wait) event->synchronize();
+    ready_ = event;
+    return;
+  }
+#endif
+  host_ = flat.to(torch::kCPU).clone();
+}
+
+std::vector<double> HostScalars::get() const {
+#if LM_CUDA
+  if (ready_) static_cast<at::cuda::CUDAEvent*>(ready_.get())->synchronize();
+#endif
+  const auto d = host_.to(torch::kDouble).contiguous();
+  return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
 }
 
 void synchronize(const torch::Device& device) {

@@ -10,6 +10,11 @@
 
 namespace lm {
 
+// Makes `device` this thread's current CUDA device and returns it; call before any other CUDA work
+// (every rank would otherwise create its context, streams and NCCL communicator on cuda:0). Throws
+// ConfigError when the index is not a visible device. No-op on CPU.
+torch::Device use_device(const torch::Device& device);
+
 // Host batches to device tensors. On CPU the tensor wraps the loader's buffer (no copy). On CUDA
 // the batch is staged in pinned memory and copied host-to-device with a non_blocking copy on a
 // side stream; the compute stream waits on an event, so the copy overlaps compute already queued.
@@ -44,6 +49,23 @@ double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtyp
 // The CUDA generator's state (what CUDA dropout draws from), as bytes; undefined tensor on CPU.
 torch::Tensor cuda_rng_state(const torch::Device& device);
 void set_cuda_rng_state(const torch::Device& device, const torch::Tensor& state);
+
+// A few device values copied to host memory without waiting: on CUDA a non_blocking copy into
+// pinned memory on the current stream plus an event, so get() waits for that copy only (not for
+// work queued after it); on CPU a plain copy. Lets the host read step statistics one step late
+// instead of stalling the device queue every step.
+class HostScalars {
+ public:
+  HostScalars() = default;
+  // values: 1-D, any device. wait: block until the copy is done (the values are wanted now).
+  HostScalars(const torch::Tensor& values, bool wait);
+  bool empty() const { return !host_.defined(); }
+  std::vector<double> get() const;  // waits for the copy; REQUIRES: !empty()
+
+ private:
+  torch::Tensor host_;
+  std::shared_ptr<void> ready_;  // CUDA: the event recorded after the copy
+};
 
 // Waits for queued device work (for timing). No-op on CPU.
 void synchronize(const torch::Device& device);

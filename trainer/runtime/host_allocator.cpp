@@ -36,7 +36,7 @@ class CachingHostAllocator final : public c10::Allocator {
  public:
   explicit CachingHostAllocator(size_t max_cached) : max_cached_(max_cached) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) LM_ALLOCATOR_ALLOCATE_CONST override {
     if (n < kMinCachedBytes) return c10::GetDefaultCPUAllocator()->allocate(n);
     const size_t size = (n + 4095) & ~size_t{4095};
     void* ptr = nullptr;

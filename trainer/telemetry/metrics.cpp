@@ -12,6 +12,8 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "trainer/run_dir.h"
+#include "trainer/telemetry/records.h"
 #include "trainer/telemetry/tensorboard.h"
 
 namespace lm {
@@ -30,7 +32,7 @@ void truncate_after(const std::string& path, int64_t keep) {
     if (line.empty()) continue;
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) continue;
-    if (j.value("step", int64_t{0}) <= keep) kept += line + "\n";
+    if (j.value(records::kStep, int64_t{0}) <= keep) kept += line + "\n";
   }
   files::write_file_atomic(path, kept);
 }
@@ -42,13 +44,13 @@ std::string eta_text(double s) {
 }
 
 // Numeric fields worth a TensorBoard scalar, per record kind.
-const char* const kTrainScalars[] = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_rank", "step_ms",
-                                     "data_wait_pct", "mfu_pct", "mem_mb", "padding_pct"};
+const char* const kTrainScalars[] = {records::kLoss, records::kLr, records::kGradNorm, records::kTokensPerS, records::kTokensPerSRank, records::kStepMs,
+                                     records::kDataWaitPct, records::kMfuPct, records::kMemMb, records::kPaddingPct};
 
 }  // namespace
 
 MetricsSink::MetricsSink(const Options& opt) : opt_(opt) {
-  const std::string path = opt.run_dir + "/metrics.jsonl";
+  const std::string path = run_dir::metrics(opt.run_dir);
   if (opt.keep_through_step >= 0) truncate_after(path, opt.keep_through_step);
   jsonl_ = std::fopen(path.c_str(), opt.keep_through_step >= 0 ? "a" : "w");
   if (!jsonl_) throw Error(path + ": cannot open for writing");
@@ -114,60 +116,60 @@ void MetricsSink::run() {
 void MetricsSink::handle(const nlohmann::json& rec) {
   const std::string line = rec.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), jsonl_);
-  const std::string kind = rec.value("kind", "");
-  const int64_t step = rec.value("step", int64_t{0});
-  const double wall = rec.value("time", now_s());
+  const std::string kind = rec.value(records::kKind, "");
+  const int64_t step = rec.value(records::kStep, int64_t{0});
+  const double wall = rec.value(records::kTime, now_s());
   if (tb_) {
     auto scalar = [&](const std::string& tag, const char* key) {
       auto it = rec.find(key);
       if (it != rec.end() && it->is_number()) tb_->scalar(tag, step, it->get<double>(), wall);
     };
-    if (kind == "train") {
+    if (kind == records::kTrain) {
       for (const char* key : kTrainScalars) scalar(std::string("train/") + key, key);
-    } else if (kind == "val") {
-      scalar("val/loss", "val_loss");
-      scalar("val/loss_ema", "val_loss_ema");
-    } else if (kind == "checkpoint") {
-      scalar("checkpoint/block_ms", "ckpt_block_ms");
-      scalar("checkpoint/write_ms", "ckpt_write_ms");
-      scalar("checkpoint/mb_per_s", "ckpt_mb_per_s");
-    } else if (kind == "resume") {
-      scalar("resume/recovery_ms", "recovery_ms");
-    } else if (kind == "window") {
-      for (const char* key : {"tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max", "mfu_pct_mean",
-                              "mfu_pct_min", "mfu_pct_max"})
+    } else if (kind == records::kVal) {
+      scalar("val/loss", records::kValLoss);
+      scalar("val/loss_ema", records::kValLossEma);
+    } else if (kind == records::kCheckpoint) {
+      scalar("checkpoint/block_ms", records::kCkptBlockMs);
+      scalar("checkpoint/write_ms", records::kCkptWriteMs);
+      scalar("checkpoint/mb_per_s", records::kCkptMbPerS);
+    } else if (kind == records::kResume) {
+      scalar("resume/recovery_ms", records::kRecoveryMs);
+    } else if (kind == records::kLongWindow) {
+      for (const char* key : {records::kTokensPerSMean, records::kTokensPerSMin, records::kTokensPerSMax, records::kMfuPctMean,
+                              records::kMfuPctMin, records::kMfuPctMax})
         scalar(std::string("window/") + key, key);
     }
   }
-  if (opt_.console && (kind == "train" || kind == "val" || kind == "window")) console_line(rec);
-  if (kind == "train") long_window(rec);
+  if (opt_.console && (kind == records::kTrain || kind == records::kVal || kind == records::kLongWindow)) console_line(rec);
+  if (kind == records::kTrain) long_window(rec);
 }
 
 void MetricsSink::console_line(const nlohmann::json& rec) {
-  const std::string kind = rec.value("kind", "");
+  const std::string kind = rec.value(records::kKind, "");
   auto num = [&](const char* key) { return rec.value(key, 0.0); };
   std::string text;
-  if (kind == "train") {
+  if (kind == records::kTrain) {
     text = strf("step %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step | data wait %.1f%%",
-                (long long)rec.value("step", int64_t{0}), (long long)opt_.total_steps, num("loss"), num("lr"),
-                num("grad_norm"), num("tokens_per_s"), num("step_ms"), num("data_wait_pct"));
-    if (rec.contains("mfu_pct") && rec["mfu_pct"].is_number()) text += strf(" | MFU %.1f%%", num("mfu_pct"));
-    if (rec.contains("padding_pct")) text += strf(" | padding %.1f%%", num("padding_pct"));
-  } else if (kind == "val") {
-    text = strf("step %6lld | val loss %.4f", (long long)rec.value("step", int64_t{0}), num("val_loss"));
-    if (rec.contains("val_loss_ema")) text += strf(" | ema %.4f", num("val_loss_ema"));
+                (long long)rec.value(records::kStep, int64_t{0}), (long long)opt_.total_steps, num(records::kLoss), num(records::kLr),
+                num(records::kGradNorm), num(records::kTokensPerS), num(records::kStepMs), num(records::kDataWaitPct));
+    if (rec.contains(records::kMfuPct) && rec[records::kMfuPct].is_number()) text += strf(" | MFU %.1f%%", num(records::kMfuPct));
+    if (rec.contains(records::kPaddingPct)) text += strf(" | padding %.1f%%", num(records::kPaddingPct));
+  } else if (kind == records::kVal) {
+    text = strf("step %6lld | val loss %.4f", (long long)rec.value(records::kStep, int64_t{0}), num(records::kValLoss));
+    if (rec.contains(records::kValLossEma)) text += strf(" | ema %.4f", num(records::kValLossEma));
   } else {
-    text = strf("last %.0f s: %.0f tok/s (min %.0f, max %.0f)", num("window_s"), num("tokens_per_s_mean"),
-                num("tokens_per_s_min"), num("tokens_per_s_max"));
-    if (rec.contains("mfu_pct_mean")) text += strf(", MFU %.1f%%", num("mfu_pct_mean"));
+    text = strf("last %.0f s: %.0f tok/s (min %.0f, max %.0f)", num(records::kWindowS), num(records::kTokensPerSMean),
+                num(records::kTokensPerSMin), num(records::kTokensPerSMax));
+    if (rec.contains(records::kMfuPctMean)) text += strf(", MFU %.1f%%", num(records::kMfuPctMean));
   }
   if (bar_) std::fputs("\r\033[K", stderr);  // clear the bar, print the line above it
   log::info(text);
-  if (bar_ && kind == "train" && opt_.total_steps > 0) {
-    const int64_t step = rec.value("step", int64_t{0});
+  if (bar_ && kind == records::kTrain && opt_.total_steps > 0) {
+    const int64_t step = rec.value(records::kStep, int64_t{0});
     const double frac = std::min(1.0, static_cast<double>(step) / opt_.total_steps);
     const int width = 30, full = static_cast<int>(frac * width);
-    const double eta = (opt_.total_steps - step) * num("step_ms") / 1e3;
+    const double eta = (opt_.total_steps - step) * num(records::kStepMs) / 1e3;
     std::fprintf(stderr, "[%s%s] %3.0f%% step %lld/%lld | ETA %s", std::string(full, '#').c_str(),
                  std::string(width - full, '.').c_str(), 100 * frac, (long long)step, (long long)opt_.total_steps,
                  eta_text(eta).c_str());
@@ -176,8 +178,8 @@ void MetricsSink::console_line(const nlohmann::json& rec) {
 }
 
 void MetricsSink::long_window(const nlohmann::json& rec) {
-  const double wall = rec.value("time", now_s());
-  double tps = rec.value("tokens_per_s", 0.0);
+  const double wall = rec.value(records::kTime, now_s());
+  double tps = rec.value(records::kTokensPerS, 0.0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (win_last_wall_ >= 0) win_elapsed_ += std::max(0.0, wall - win_last_wall_);
@@ -186,8 +188,8 @@ void MetricsSink::long_window(const nlohmann::json& rec) {
     win_tps_max_ = win_n_ ? std::max(win_tps_max_, tps) : tps;
     win_tps_sum_ += tps;
     ++win_n_;
-    if (rec.contains("mfu_pct") && rec["mfu_pct"].is_number()) {
-      const double m = rec["mfu_pct"].get<double>();
+    if (rec.contains(records::kMfuPct) && rec[records::kMfuPct].is_number()) {
+      const double m = rec[records::kMfuPct].get<double>();
       win_mfu_min_ = win_mfu_n_ ? std::min(win_mfu_min_, m) : m;
       win_mfu_max_ = win_mfu_n_ ? std::max(win_mfu_max_, m) : m;
       win_mfu_sum_ += m;
@@ -195,14 +197,14 @@ void MetricsSink::long_window(const nlohmann::json& rec) {
     }
     if (win_elapsed_ < opt_.long_window_s) return;
   }
-  nlohmann::json w = {{"kind", "window"}, {"step", rec.value("step", int64_t{0})}, {"time", wall},
-                      {"window_s", win_elapsed_}, {"steps_logged", win_n_},
-                      {"tokens_per_s_mean", win_tps_sum_ / win_n_}, {"tokens_per_s_min", win_tps_min_},
-                      {"tokens_per_s_max", win_tps_max_}};
+  nlohmann::json w = {{records::kKind, records::kLongWindow}, {records::kStep, rec.value(records::kStep, int64_t{0})}, {records::kTime, wall},
+                      {records::kWindowS, win_elapsed_}, {records::kStepsLogged, win_n_},
+                      {records::kTokensPerSMean, win_tps_sum_ / win_n_}, {records::kTokensPerSMin, win_tps_min_},
+                      {records::kTokensPerSMax, win_tps_max_}};
   if (win_mfu_n_ > 0) {
-    w["mfu_pct_mean"] = win_mfu_sum_ / win_mfu_n_;
-    w["mfu_pct_min"] = win_mfu_min_;
-    w["mfu_pct_max"] = win_mfu_max_;
+    w[records::kMfuPctMean] = win_mfu_sum_ / win_mfu_n_;
+    w[records::kMfuPctMin] = win_mfu_min_;
+    w[records::kMfuPctMax] = win_mfu_max_;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -9,7 +9,7 @@
 //   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s
 //   resume      checkpoint, recovery_ms, load_ms
 //   anomaly     reason, loss, grad_norm, action, batch_hash
-//   long_window window_s, tokens_per_s_{mean,min,max}, mfu_pct_{mean,min,max}
+//   window      window_s, steps_logged, tokens_per_s_{mean,min,max}, mfu_pct_{mean,min,max}
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,7 @@ constexpr const char* kVal = "val";
 constexpr const char* kCheckpoint = "checkpoint";
 constexpr const char* kResume = "resume";
 constexpr const char* kAnomaly = "anomaly";
-constexpr const char* kLongWindow = "long_window";
+constexpr const char* kLongWindow = "window";
 
 // Field names.
 constexpr const char* kKind = "kind";
@@ -56,6 +56,7 @@ constexpr const char* kLoadMs = "load_ms";
 constexpr const char* kReason = "reason";
 constexpr const char* kAction = "action";
 constexpr const char* kWindowS = "window_s";
+constexpr const char* kStepsLogged = "steps_logged";
 constexpr const char* kTokensPerSMean = "tokens_per_s_mean";
 constexpr const char* kTokensPerSMin = "tokens_per_s_min";
 constexpr const char* kTokensPerSMax = "tokens_per_s_max";

@@ -3,11 +3,16 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <thread>
 
+#include "common/build_info.h"
+#include "common/compat.h"
 #include "common/files.h"
+#include "common/log.h"
+#include "trainer/run_dir.h"
 
 namespace lm {
 
@@ -39,7 +44,7 @@ std::string utc_now() {
 }
 
 RunRecord::RunRecord(const std::string& run_dir, nlohmann::json meta)
-    : path_(run_dir + "/meta.json"), meta_(std::move(meta)) {
+    : path_(run_dir::meta(run_dir)), meta_(std::move(meta)) {
   nlohmann::json attempts = nlohmann::json::array();
   if (files::exists(path_)) {
     auto old = nlohmann::json::parse(std::ifstream(path_), nullptr, /*allow_exceptions=*/false);
@@ -67,6 +72,33 @@ void RunRecord::finish(const std::string& status, int exit_code, const std::stri
   meta_["exit_code"] = exit_code;
   if (!error.empty()) meta_["error"] = error;
   write();
+}
+
+nlohmann::json describe_run(const RunFacts& f) {
+  nlohmann::json gpu = nullptr;
+  if (!f.gpu.model.empty())
+    gpu = {{"model", f.gpu.model}, {"driver", f.gpu.driver}, {"cuda", f.gpu.cuda}, {"nccl", f.gpu.nccl}, {"count", f.gpu.count}};
+  char cwd[4096] = {0};
+  const auto& m = f.data;
+  return {{"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}},
+          {"command", f.command},
+          {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
+          {"config", f.config},
+          {"data", {{"dir", m.dir}, {"data_version", m.data_version},
+                    {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
+                                   {"hash", m.tokenizer.hash}}},
+                    {"train_tokens", m.split_tokens("train")}}},
+          {"host", host_info()},
+          {"gpu", gpu},
+          {"libtorch", compat::torch_version()},
+          {"world_size", f.world_size},
+          {"launch", f.launch},
+          {"model", {{"params", f.params}, {"flops_per_token", f.flops_per_token}}}};
+}
+
+void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank) {
+  const std::string out = run_dir::logs(run_dir) + "/nvidia-smi_" + when + ".rank" + std::to_string(rank) + ".txt";
+  if (std::system(("nvidia-smi > '" + out + "' 2>&1").c_str()) != 0) log::warn("nvidia-smi failed: see " + out);
 }
 
 void RunRecord::write() { files::write_file_atomic(path_, meta_.dump(2) + "\n"); }

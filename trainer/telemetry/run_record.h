@@ -7,7 +7,26 @@
 
 #include <string>
 
+#include "data/format/manifest.h"
+#include "trainer/runtime/device.h"
+
 namespace lm {
+
+// What meta.json records about a run besides its status.
+struct RunFacts {
+  std::string command;
+  nlohmann::json config;     // the resolved config as JSON
+  data::Manifest data;       // the training data
+  GpuInfo gpu;               // empty model on CPU
+  int world_size = 1;
+  std::string launch;        // torchrun | slurm | single
+  int64_t params = 0;
+  double flops_per_token = 0;
+};
+// meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model.
+nlohmann::json describe_run(const RunFacts& f);
+// nvidia-smi's view of the GPUs into RUN_DIR/logs/nvidia-smi_<when>.rank<r>.txt (call on CUDA only).
+void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank);
 
 // hostname, CPU model and cores, memory: {"hostname", "cpu_model", "cpu_cores", "memory_gb"}.
 nlohmann::json host_info();

@@ -1,4 +1,4 @@
-// Flat parameter storage, AdamW and the learning-rate schedule.
+// Flat parameter storage, gradient clipping and AdamW.
 //
 // FlatParams moves every parameter of a module into ONE contiguous buffer (and every gradient into
 // a second one), so clipping, the optimizer update, zeroing and all-reduce buckets each touch one
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/checkpoint/state.h"
 #include "trainer/optim/optim_config.h"
 
 namespace lm {
@@ -54,25 +55,29 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 class AdamW {
  public:
   AdamW(FlatParams& flat, const OptimConfig& cfg);
-  void step(double lr);
-  int64_t steps() const { return t_; }
+  // One update. found_inf (optional): a 0-dim float32 tensor on the parameters' device; where it
+  // holds 1 the step is skipped entirely (weights, moments and the step count stay as they were).
+  // The fused CUDA kernel reads it on the device (no host sync); other paths read it on the host.
+  void step(double lr, const torch::Tensor& found_inf = {});
+  // Updates taken so far (skipped ones not counted). With the fused CUDA path this reads the device
+  // counter (a host sync).
+  int64_t steps() const;
   torch::Tensor& exp_avg() { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
-  void set_steps(int64_t t) {
-    t_ = t;
-    steps_.clear();  // the fused kernel's device-side counters are rebuilt from t_
-  }
+  // State under "optimizer": values {kind, step}; tensors "exp_avg/<param>", "exp_avg_sq/<param>"
+  // (views into the flat moments, no copy). load_state throws CheckpointError naming a missing or
+  // mis-shaped tensor.
+  ComponentState state() const;
+  void load_state(const ComponentState& st);
 
  private:
   FlatParams& flat_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
-  int64_t t_ = 0;
+  bool fused_step(double lr, const torch::Tensor& found_inf);
+
+  int64_t t_ = 0;                     // host step count; the fused path's truth is steps_
   std::vector<torch::Tensor> steps_;  // CUDA fused path: per decay run, float step counters
 };
-
-// Learning rate at optimizer step `step` (0-based): linear warmup over warmup_steps to optim.lr,
-// then cosine / linear decay to lr*min_lr_ratio at decay_steps (default max_steps), or constant.
-double lr_at(const ScheduleConfig& s, double peak_lr, int64_t max_steps, int64_t step);
 
 }  // namespace lm

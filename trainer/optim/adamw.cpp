@@ -1,9 +1,12 @@
-// Flat parameters, gradient clipping, AdamW, LR schedule (see optim.h).
-#include "trainer/optim/optim.h"
+// Flat parameters, gradient clipping, AdamW (see adamw.h).
+#include "trainer/optim/adamw.h"
 
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "common/compat.h"
+#include "common/errors.h"
 
 namespace lm {
 
@@ -55,13 +58,15 @@ AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) 
   v_ = torch::zeros_like(flat.params());
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const torch::Tensor& found_inf) {
+  auto& p = flat_.params();
+  if (p.is_cuda() && fused_step(lr, found_inf)) return;
+  if (found_inf.defined() && found_inf.item<float>() != 0) return;  // a host read off the fused path
   ++t_;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps, wd = cfg_.weight_decay;
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t_));
   const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
-  auto& p = flat_.params();
   auto& g = flat_.grads();
   if (p.is_cpu() && p.scalar_type() == torch::kFloat) {
     float* pp = p.data_ptr<float>();
@@ -85,26 +90,6 @@ void AdamW::step(double lr) {
     return;
   }
   torch::NoGradGuard ng;
-  if (p.is_cuda()) {  // one fused kernel per decay group where LibTorch has it
-    if (steps_.empty())
-      for (size_t i = 0; i < flat_.decay_runs().size(); ++i)
-        steps_.push_back(torch::full({}, static_cast<double>(t_ - 1), p.options().dtype(torch::kFloat)));
-    bool fused = true;
-    for (int decay = 0; decay < 2 && fused; ++decay) {
-      std::vector<torch::Tensor> ps, gs, ms, vs, ts;
-      for (size_t i = 0; i < flat_.decay_runs().size(); ++i) {
-        const auto& run = flat_.decay_runs()[i];
-        if (run.decay != (decay == 1)) continue;
-        ps.push_back(p.narrow(0, run.offset, run.numel));
-        gs.push_back(g.narrow(0, run.offset, run.numel));
-        ms.push_back(m_.narrow(0, run.offset, run.numel));
-        vs.push_back(v_.narrow(0, run.offset, run.numel));
-        ts.push_back(steps_[i]);
-      }
-      if (!ps.empty()) fused = compat::fused_adamw(ps, gs, ms, vs, ts, lr, b1, b2, decay ? wd : 0.0, eps);
-    }
-    if (fused) return;
-  }
   if (wd > 0)
     for (const auto& run : flat_.decay_runs())
       if (run.decay) p.narrow(0, run.offset, run.numel).mul_(1.0 - lr * wd);
@@ -113,15 +98,67 @@ void AdamW::step(double lr) {
   p.addcdiv_(m_, (v_.sqrt() / bc2_sqrt).add_(eps), -step_size);
 }
 
-double lr_at(const ScheduleConfig& s, double peak_lr, int64_t max_steps, int64_t step) {
-  if (step < s.warmup_steps) return peak_lr * static_cast<double>(step + 1) / s.warmup_steps;
-  if (s.kind == "constant") return peak_lr;
-  const int64_t end = s.decay_steps > 0 ? s.decay_steps : max_steps;
-  const double min_lr = peak_lr * s.min_lr_ratio;
-  if (step >= end || end <= s.warmup_steps) return min_lr;
-  double frac = static_cast<double>(step - s.warmup_steps) / static_cast<double>(end - s.warmup_steps);
-  double k = s.kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * frac)) : 1.0 - frac;
-  return min_lr + (peak_lr - min_lr) * k;
+// One at::_fused_adamw_ call per decay group; false (nothing done) where LibTorch has no fused
+// kernel. The kernel reads the step counters but does not increment them: Python's _fused_adam
+// adds 1 first and, with found_inf, subtracts found_inf afterwards (torch/optim/adam.py), else the
+// bias corrections of step 1 are 0 and every weight becomes NaN.
+bool AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
+  if (!compat::kHasFusedAdamW) return false;
+  auto& p = flat_.params();
+  torch::NoGradGuard ng;
+  if (steps_.empty())
+    for (size_t i = 0; i < flat_.decay_runs().size(); ++i)
+      steps_.push_back(torch::full({}, static_cast<double>(t_), p.options().dtype(torch::kFloat)));
+  for (auto& s : steps_) s.add_(1);
+  for (int decay = 0; decay < 2; ++decay) {
+    std::vector<torch::Tensor> ps, gs, ms, vs, ts;
+    for (size_t i = 0; i < flat_.decay_runs().size(); ++i) {
+      const auto& run = flat_.decay_runs()[i];
+      if (run.decay != (decay == 1)) continue;
+      ps.push_back(p.narrow(0, run.offset, run.numel));
+      gs.push_back(flat_.grads().narrow(0, run.offset, run.numel));
+      ms.push_back(m_.narrow(0, run.offset, run.numel));
+      vs.push_back(v_.narrow(0, run.offset, run.numel));
+      ts.push_back(steps_[i]);
+    }
+    if (!ps.empty())
+      compat::fused_adamw(ps, gs, ms, vs, ts, lr, cfg_.beta1, cfg_.beta2, decay ? cfg_.weight_decay : 0.0, cfg_.eps,
+                          found_inf);
+  }
+  if (found_inf.defined())
+    for (auto& s : steps_) s.sub_(found_inf);
+  ++t_;  // an upper bound while found_inf may have skipped steps; steps() reads the device truth
+  return true;
+}
+
+int64_t AdamW::steps() const {
+  return steps_.empty() ? t_ : static_cast<int64_t>(steps_[0].item<float>());
+}
+
+ComponentState AdamW::state() const {
+  ComponentState st;
+  st.values = {{"kind", "adamw"}, {"step", steps()}};
+  for (const auto& e : flat_.entries()) {
+    st.tensors.emplace_back("exp_avg/" + e.name, m_.narrow(0, e.offset, e.numel));
+    st.tensors.emplace_back("exp_avg_sq/" + e.name, v_.narrow(0, e.offset, e.numel));
+  }
+  return st;
+}
+
+void AdamW::load_state(const ComponentState& st) {
+  std::map<std::string, torch::Tensor> by_name(st.tensors.begin(), st.tensors.end());
+  torch::NoGradGuard ng;
+  for (const auto& e : flat_.entries()) {
+    for (auto* moment : {&m_, &v_}) {
+      const std::string key = (moment == &m_ ? "exp_avg/" : "exp_avg_sq/") + e.name;
+      auto it = by_name.find(key);
+      if (it == by_name.end() || it->second.numel() != e.numel)
+        throw CheckpointError("optimizer state: missing or mis-shaped tensor '" + key + "'");
+      moment->narrow(0, e.offset, e.numel).copy_(it->second.reshape({-1}));
+    }
+  }
+  t_ = st.values.at("step").get<int64_t>();
+  steps_.clear();  // the fused kernel's device-side counters are rebuilt from t_
 }
 
 }  // namespace lm

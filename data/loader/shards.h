@@ -1,0 +1,66 @@
+// The loader's shards (internal to data/loader): one split's shards, checked against the manifest,
+// with lazy checksums shared by all threads, and the small per-thread cache of open shards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/format/manifest.h"
+#include "data/format/shard.h"
+
+namespace lm::data {
+
+// One split's shards in manifest order. Thread-safe after construction.
+class ShardSet {
+ public:
+  // What a shard contributes to the sample stream (the planner's units: stream tokens or samples).
+  using Units = std::function<uint64_t(const ShardReader&)>;
+
+  // Opens every shard of `split` once, one at a time: checks it against the manifest
+  // (Manifest::open_shard), its checksum too when verify_all, and records units(shard). Throws
+  // DataError naming the directory when the split has no shards, or naming the file.
+  ShardSet(const Manifest& m, const std::string& split, bool verify_all, const Units& units);
+  ShardSet(const ShardSet&) = delete;
+  ShardSet& operator=(const ShardSet&) = delete;
+
+  size_t size() const { return shards_.size(); }
+  const std::string& dir() const { return manifest_.dir; }
+  const std::string& split() const { return split_; }
+  uint64_t units(size_t i) const { return shards_[i]->units; }
+  uint32_t manifest_index(size_t i) const { return shards_[i]->manifest_index; }
+  // Opens shard i checked against the manifest; on its first open here its checksum is verified
+  // (unless verify_all did it). Throws DataError naming the file.
+  std::unique_ptr<ShardReader> open(size_t i) const;
+
+ private:
+  struct Entry {
+    ShardInfo info;
+    uint32_t manifest_index = 0;
+    uint64_t units = 0;
+    std::mutex mu;  // guards verified
+    bool verified = false;
+  };
+  Manifest manifest_;
+  std::string split_;
+  std::vector<std::unique_ptr<Entry>> shards_;
+};
+
+// The few shards one thread has open (at most two), most recently used first. The reference get()
+// returns stays valid until the second get() of another shard.
+class ShardCache {
+ public:
+  explicit ShardCache(const ShardSet& set) : set_(set) {}
+  const ShardReader& get(uint32_t i);
+  void clear() { open_.clear(); }
+
+ private:
+  const ShardSet& set_;
+  std::vector<std::pair<uint32_t, std::unique_ptr<ShardReader>>> open_;
+};
+
+}  // namespace lm::data

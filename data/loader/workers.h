@@ -1,0 +1,76 @@
+// The loader's workers (internal to data/loader): the threads that build batches ahead of the
+// consumer, the prefetch queue, and the reading of a planned batch's tokens.
+//
+// `workers` threads share the Planner under one lock. A worker takes the next batch number while
+// fewer than `prefetch` batches are planned but not yet returned, asks the planner for that batch's
+// rows (cheap: indices and shard offsets), then reads the tokens outside the lock through its own
+// ShardCache and TokenWalk. next() hands batches out strictly by number. A worker's exception is
+// stored in its batch's slot and rethrown by next() when that batch is due.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "data/loader/data_config.h"
+#include "data/loader/loader.h"
+#include "data/loader/plan.h"
+#include "data/loader/shards.h"
+
+namespace lm::data {
+
+class Workers {
+ public:
+  // Starts no thread (start() does). eos and pad are the tokenizer's ids.
+  Workers(const DataConfig& c, const ShardSet& set, Planner& planner, int64_t seq_len, uint32_t eos, uint32_t pad);
+  ~Workers();  // stop()
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  // Starts the threads with an empty queue: the next batch is number `batches`, which begins at
+  // stream sample `cursor`. REQUIRES: stopped; the planner is at `cursor`.
+  void start(uint64_t batches, uint64_t cursor);
+  // Stops and joins the threads, also while they wait on a full queue.
+  void stop();
+
+  // Blocks for the next batch. An error met by a worker is rethrown here, in batch order, as the
+  // exception the worker caught; it is sticky. One consumer thread.
+  Batch next();
+  double last_wait_ms() const;
+  // Batches returned so far, and the stream cursor after the last of them.
+  std::pair<uint64_t, uint64_t> returned() const;
+
+ private:
+  struct Slot {
+    bool ready = false;
+    uint64_t cursor_after = 0;
+    Batch batch;
+    std::exception_ptr error;
+  };
+  void work();
+  Batch build(const Plan& p, ShardCache& shards) const;
+  SampleOrigin read_row(const Plan::Row& r, uint32_t* w, ShardCache& shards) const;
+
+  // ---- fixed
+  const ShardSet& set_;
+  Planner& planner_;  // guarded by mu_
+  bool bucketed_;
+  int64_t T_, threads_, prefetch_, pad_multiple_;
+  uint32_t eos_, pad_;
+
+  // ---- the queue, guarded by mu_
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, ready_cv_;
+  std::map<uint64_t, Slot> slots_;  // by batch number
+  uint64_t planned_ = 0, returned_ = 0, cursor_returned_ = 0;
+  bool stopping_ = false, failed_ = false;
+  std::vector<std::thread> pool_;
+  double last_wait_ms_ = 0;
+};
+
+}  // namespace lm::data

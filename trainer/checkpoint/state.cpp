@@ -1,0 +1,31 @@
+// The component registry (see state.h).
+#include "trainer/checkpoint/state.h"
+
+#include "common/errors.h"
+
+namespace lm {
+
+void StateRegistry::add(const std::string& key, Scope scope, Save save, Load load, bool optional) {
+  for (const auto& e : entries_)
+    if (e.key == key) throw Error("state key '" + key + "' registered twice");
+  entries_.push_back({key, scope, std::move(save), std::move(load), optional});
+}
+
+CheckpointState StateRegistry::snapshot(int64_t step, nlohmann::json run) const {
+  CheckpointState st;
+  st.step = step;
+  st.run = std::move(run);
+  for (const auto& e : entries_) (e.scope == Scope::kReplicated ? st.replicated : st.per_rank)[e.key] = e.save();
+  return st;
+}
+
+void StateRegistry::restore(const CheckpointState& st, const std::string& where) const {
+  for (const auto& e : entries_) {
+    const auto& part = e.scope == Scope::kReplicated ? st.replicated : st.per_rank;
+    auto it = part.find(e.key);
+    if (it == part.end() && !e.optional) throw CheckpointError(where + ": has no state for '" + e.key + "'");
+    e.load(it == part.end() ? nullptr : &it->second);
+  }
+}
+
+}  // namespace lm

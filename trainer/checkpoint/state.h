@@ -1,0 +1,80 @@
+// What a checkpoint holds, component by component. Every stateful part of a run (model, optimizer,
+// scheduler, EMA, progress, metric windows, loader, RNG streams) saves and loads its OWN state; a
+// StateRegistry binds each one to a fixed key, and the checkpoint composes them by name. Nothing
+// else knows a component's keys.
+//
+// Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
+//   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
+//   state.json         {"magic", "version", "step", "world_size", "run": {...},
+//                       "components": {<key>: <values>}} for the replicated components  rank 0
+//   rank_<r>.json      {"rank", "components": {<key>: <values>}} for the per-rank ones  every rank
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint/safetensors.h"
+
+namespace lm {
+
+// The fixed keys.
+namespace state_key {
+constexpr const char* kModel = "model";
+constexpr const char* kOptimizer = "optimizer";
+constexpr const char* kScheduler = "scheduler";
+constexpr const char* kEma = "ema";
+constexpr const char* kProgress = "progress";
+constexpr const char* kMetrics = "metrics";          // logging window and run totals
+constexpr const char* kAnomaly = "anomaly";          // the anomaly detector's running mean
+constexpr const char* kLongWindow = "long_window";   // the metrics sink's long-window aggregates
+constexpr const char* kLoader = "loader";
+constexpr const char* kRng = "rng";
+}  // namespace state_key
+
+// One component's state: small values as JSON, tensors by name (either may be empty).
+struct ComponentState {
+  nlohmann::json values = nlohmann::json::object();
+  NamedTensors tensors;
+};
+
+// What one rank contributes to, or gets back from, a checkpoint.
+struct CheckpointState {
+  int64_t step = 0;
+  // What the run was made from (config, arch, data_version, code): checked at resume, not loaded.
+  nlohmann::json run = nlohmann::json::object();
+  std::map<std::string, ComponentState> replicated;  // the same on every rank; written by rank 0
+  std::map<std::string, ComponentState> per_rank;    // this rank's own
+  int saved_rank = 0;  // loaded: the rank that wrote per_rank (another one when the world grew)
+};
+
+// The run's stateful components under their keys. snapshot() asks each for its state; restore()
+// hands each its part, in registration order (so later components may depend on earlier ones).
+class StateRegistry {
+ public:
+  enum class Scope { kReplicated, kPerRank };
+  using Save = std::function<ComponentState()>;
+  // `st` is nullptr when the checkpoint has no state for this component (only for optional ones).
+  using Load = std::function<void(const ComponentState* st)>;
+
+  // REQUIRES: `key` not registered yet.
+  void add(const std::string& key, Scope scope, Save save, Load load, bool optional = false);
+  CheckpointState snapshot(int64_t step, nlohmann::json run) const;
+  // Throws CheckpointError naming `where` and the key when a required component is missing.
+  void restore(const CheckpointState& st, const std::string& where) const;
+
+ private:
+  struct Entry {
+    std::string key;
+    Scope scope;
+    Save save;
+    Load load;
+    bool optional;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace lm

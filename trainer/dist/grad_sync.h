@@ -1,0 +1,50 @@
+// Bucketed gradient all-reduce launched from autograd hooks, so communication overlaps backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "trainer/dist/process_group.h"
+
+namespace lm {
+
+class FlatParams;
+
+// Sums gradients over ranks in buckets of ~bucket_mb, each launched as soon as backward has
+// accumulated every gradient in it (post-hooks on the parameters' AccumulateGrad nodes), so
+// communication overlaps the rest of backward. Buckets are contiguous ranges of the flat gradient
+// buffer and are launched strictly in bucket order (the same on every rank).
+class GradSync {
+ public:
+  GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb);
+  ~GradSync();
+  // Before each micro-step's backward: sync = this is the last micro-step of the step (only it
+  // communicates).
+  void begin(bool sync);
+  // After the last micro-step's backward: launches buckets no hook launched (parameters without
+  // gradients) and waits for all of them. Afterwards flat.grads() holds the sum over ranks.
+  void finish(int64_t step);
+  size_t num_buckets() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    int64_t offset, numel;
+    int pending_total, pending;
+    std::shared_ptr<Comm::Pending> work;
+  };
+  void ready(size_t entry);
+  void launch_ready_in_order();
+
+  Comm& comm_;
+  FlatParams& flat_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_entry_;
+  size_t next_launch_ = 0;
+  bool active_ = false;
+  std::vector<std::pair<std::shared_ptr<void>, uintptr_t>> hooks_;
+};
+
+}  // namespace lm

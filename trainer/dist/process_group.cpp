@@ -1,0 +1,162 @@
+// The process group and its collectives (see process_group.h).
+#include "trainer/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+
+#include "common/compat.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+namespace lm {
+namespace {
+
+std::string first_line(const std::exception& e) {
+  std::string m = e.what();
+  auto nl = m.find('\n');
+  return nl == std::string::npos ? m : m.substr(0, nl);
+}
+
+}  // namespace
+
+struct Comm::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::CommBackend> pg;
+  torch::Device device{torch::kCPU};  // where collective tensors must live
+};
+
+struct Comm::Pending {
+  c10::intrusive_ptr<c10d::Work> work;
+  torch::Tensor tensor;
+};
+
+Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& device)
+    : impl_(std::make_unique<Impl>()), rank_(e.rank), world_(e.world_size), timeout_s_(cfg.timeout_s) {
+  backend_ = cfg.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : cfg.backend;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1e3));
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(e.master_port);
+    so.isServer = !e.agent_store && e.rank == 0;
+    so.numWorkers = e.agent_store ? compat::Optional<size_t>() : compat::Optional<size_t>(e.world_size);
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    so.multiTenant = true;
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+    if (e.agent_store)
+      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(e.restart_count), store);
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>("lmtrain/", store);
+  } catch (const std::exception& ex) {
+    throw Error("rendezvous at " + e.master_addr + ":" + std::to_string(e.master_port) + " failed: " + first_line(ex));
+  }
+  if (backend_ == "gloo") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");  // Gloo's own variable, as torch reads it
+    if (ifname && !*ifname) ifname = nullptr;
+    opts->devices.push_back(ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 2;
+    try {
+      impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, rank_, world_, opts);
+    } catch (const std::exception& ex) {
+      throw Error("creating the gloo process group failed: " + first_line(ex));
+    }
+  } else if (backend_ == "nccl") {
+#if defined(USE_C10D_NCCL)
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, rank_, world_, opts);
+    impl_->device = device;
+#else
+    throw ConfigError("key 'dist.backend': nccl requested but this LibTorch was built without NCCL");
+#endif
+  } else {
+    throw ConfigError("key 'dist.backend': unknown backend '" + backend_ + "'");
+  }
+  barrier("startup barrier");
+}
+
+Comm::~Comm() {
+#if defined(USE_C10D_NCCL) && LM_TORCH_AT_LEAST(2, 2)
+  if (backend_ == "nccl" && impl_->pg) {
+    try {
+      static_cast<c10d::ProcessGroupNCCL*>(impl_->pg.get())->shutdown();
+    } catch (...) {
+    }
+  }
+#endif
+}
+
+std::shared_ptr<Comm::Pending> Comm::all_reduce_async(torch::Tensor t) {
+  auto p = std::make_shared<Pending>();
+  p->tensor = t;
+  std::vector<torch::Tensor> ts{t};
+  p->work = impl_->pg->allreduce(ts);
+  return p;
+}
+
+// Gloo: the host waits, at most dist.timeout_s. NCCL: wait() without a timeout only makes the
+// current CUDA stream wait for the collective (ProcessGroupNCCL.cpp, WorkNCCL::wait: a timeout, or
+// TORCH_NCCL_BLOCKING_WAIT, turns it into a host busy-wait that stalls the queue), so the host keeps
+// queueing work; a hang is caught by the process group's own timeout (dist.timeout_s) and watchdog,
+// which abort the communicator and end the process. Errors wait() raises still name the collective.
+void Comm::wait(const std::shared_ptr<Pending>& p, const std::string& what) {
+  try {
+    if (backend_ == "nccl")
+      p->work->wait();
+    else
+      p->work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1e3)));
+  } catch (const std::exception& ex) {
+    throw Error("collective '" + what + "' failed on rank " + std::to_string(rank_) + " (timeout " +
+                strf("%.0f", timeout_s_) + " s): " + first_line(ex));
+  }
+}
+
+void Comm::all_reduce_sum(torch::Tensor& t, const std::string& what) {
+  auto dev = t.to(impl_->device).contiguous();
+  wait(all_reduce_async(dev), what);
+  if (!dev.is_same(t)) t.copy_(dev);
+}
+
+void Comm::broadcast(torch::Tensor& t, int root, const std::string& what) {
+  auto dev = t.to(impl_->device).contiguous();
+  std::vector<torch::Tensor> ts{dev};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  auto p = std::make_shared<Pending>();
+  p->work = impl_->pg->broadcast(ts, o);
+  wait(p, what);
+  if (!dev.is_same(t)) t.copy_(dev);
+}
+
+torch::Tensor Comm::all_gather(const torch::Tensor& t, const std::string& what) {
+  auto in = t.to(impl_->device).contiguous();
+  std::vector<torch::Tensor> outs;
+  for (int r = 0; r < world_; ++r) outs.push_back(torch::empty_like(in));
+  std::vector<std::vector<torch::Tensor>> out_lists{outs};
+  std::vector<torch::Tensor> ins{in};
+  auto p = std::make_shared<Pending>();
+  p->work = impl_->pg->allgather(out_lists, ins);
+  wait(p, what);
+  return torch::cat(out_lists[0]).to(t.device());
+}
+
+// NCCL runs a barrier as an all-reduce on a device it must guess unless told (the rank modulo the
+// device count, or cuda:0 before any collective): tell it ours. Its wait() then syncs that stream.
+void Comm::barrier(const std::string& what) {
+  c10d::BarrierOptions o;
+  if (impl_->device.is_cuda()) o.device_ids = {impl_->device.index()};
+  auto p = std::make_shared<Pending>();
+  p->work = impl_->pg->barrier(o);
+  wait(p, what);
+}
+
+// ---- GradSync --------------------------------------------------------------------------------
+
+}  // namespace lm

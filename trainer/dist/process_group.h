@@ -1,0 +1,49 @@
+// One c10d process group per run (Gloo on CPU, NCCL on CUDA) and its blocking and async
+// collectives. Every collective waits at most dist.timeout_s; a dead or hung peer makes the
+// survivors throw an Error naming the collective instead of hanging.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "trainer/dist/dist_config.h"
+#include "trainer/dist/launch_env.h"
+
+namespace lm {
+
+// One process group over all ranks (Gloo on CPU, NCCL on CUDA). Not thread-safe: the training
+// thread issues every collective, in the same order on every rank.
+class Comm {
+ public:
+  Comm(const LaunchEnv& env, const DistConfig& cfg, const torch::Device& device);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const std::string& backend() const { return backend_; }
+
+  // Blocking collectives; `what` names them in errors. Tensors may live on any device.
+  void broadcast(torch::Tensor& t, int root, const std::string& what);
+  void all_reduce_sum(torch::Tensor& t, const std::string& what);
+  // (world_size * t.numel(),) holding every rank's t in rank order.
+  torch::Tensor all_gather(const torch::Tensor& t, const std::string& what);
+  void barrier(const std::string& what);
+
+  // Asynchronous sum all-reduce of a contiguous tensor on the comm device; wait() returns when done.
+  struct Pending;
+  std::shared_ptr<Pending> all_reduce_async(torch::Tensor t);
+  void wait(const std::shared_ptr<Pending>& p, const std::string& what);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, world_ = 1;
+  std::string backend_;
+  double timeout_s_ = 300;
+};
+
+}  // namespace lm

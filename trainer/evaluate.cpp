@@ -1,0 +1,58 @@
+// Validation loss (see evaluate.h).
+#include "trainer/evaluate.h"
+
+#include <vector>
+
+#include "common/compat.h"
+#include "common/log.h"
+#include "trainer/dist/process_group.h"
+
+namespace lm {
+
+std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const data::Manifest& train,
+                                             const torch::Device& device, Comm* comm, int rank, int world) {
+  if (cfg.eval.batches <= 0) return nullptr;
+  data::Manifest m = cfg.data.val.empty() ? train : data::Manifest::load(cfg.data.val);
+  const std::string split = m.split_tokens("val") > 0 ? "val" : "train";
+  if (m.split_tokens(split) <= static_cast<uint64_t>(cfg.model.seq_len)) {
+    if (rank == 0) log::warn("no validation data in " + m.dir + ": validation disabled");
+    return nullptr;
+  }
+  return std::unique_ptr<Evaluator>(new Evaluator(cfg, std::move(m), split, device, comm, rank, world));
+}
+
+Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split,
+                     const torch::Device& device, Comm* comm, int rank, int world)
+    : cfg_(cfg), manifest_(std::move(m)), device_(device), comm_(comm), rank_(rank), world_(world),
+      bf16_(cfg.train.dtype == "bf16") {
+  reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len);
+}
+
+double Evaluator::mean_loss(GPT& model) {
+  torch::NoGradGuard ng;
+  model->eval();
+  reader_->reset();
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.model.seq_len;
+  std::vector<int64_t> buf;
+  double total = 0;
+  for (int64_t i = 0; i < cfg_.eval.batches; ++i) {
+    reader_->next(B, buf);  // (B, T+1) windows: inputs w[:, :T], targets w[:, 1:]
+    if (i % world_ != rank_) continue;
+    auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(device_, /*non_blocking=*/false, /*copy=*/true);
+    if (bf16_) compat::set_cuda_autocast(true);
+    total += model->loss(w.slice(1, 0, T), w.slice(1, 1, T + 1)).item<double>();
+    if (bf16_) {
+      compat::set_cuda_autocast(false);
+      compat::clear_autocast_cache();
+    }
+  }
+  model->train();
+  if (comm_) {
+    auto t = torch::tensor({total}, torch::kDouble);
+    comm_->all_reduce_sum(t, "all-reduce of the validation loss");
+    total = t.item<double>();
+  }
+  return total / cfg_.eval.batches;
+}
+
+}  // namespace lm

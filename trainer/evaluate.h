@@ -1,0 +1,40 @@
+// Validation: the mean loss over eval.batches micro-batches of the validation split, always the
+// same ones (the reader restarts each time), split over the ranks and summed with one all-reduce.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "data/format/manifest.h"
+#include "data/loader/val_reader.h"
+#include "models/gpt.h"
+#include "trainer/config.h"
+
+namespace lm {
+
+class Comm;
+
+class Evaluator {
+ public:
+  // The validation data: data.val, else the `val` split of the training set, else (no val split)
+  // its `train` split. nullptr when eval.batches is 0 or there is too little data (logged).
+  static std::unique_ptr<Evaluator> create(const ExperimentConfig& cfg, const data::Manifest& train,
+                                           const torch::Device& device, Comm* comm, int rank, int world);
+  // Mean validation loss of `model` (eval mode during the pass, train mode after).
+  double mean_loss(GPT& model);
+
+ private:
+  Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split, const torch::Device& device,
+            Comm* comm, int rank, int world);
+  const ExperimentConfig& cfg_;
+  data::Manifest manifest_;
+  std::unique_ptr<data::ValReader> reader_;
+  torch::Device device_;
+  Comm* comm_;
+  int rank_, world_;
+  bool bf16_;
+};
+
+}  // namespace lm

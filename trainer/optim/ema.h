@@ -1,0 +1,42 @@
+// An exponential moving average of the weights (train.ema_decay), kept as one flat tensor beside
+// FlatParams and evaluated by swapping it in.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "trainer/checkpoint/state.h"
+#include "trainer/optim/adamw.h"
+
+namespace lm {
+
+class Ema {
+ public:
+  // Starts as a copy of the current weights. REQUIRES: 0 < decay < 1.
+  Ema(FlatParams& flat, double decay);
+  // ema += (1 - decay) * (params - ema), after each optimizer step.
+  void update();
+  // Runs fn() with the EMA weights in place of the model's, then puts the model's back.
+  template <typename F>
+  auto with_weights(F&& fn) {
+    torch::NoGradGuard ng;
+    auto saved = flat_.params().clone();
+    flat_.params().copy_(ema_);
+    struct Restore {
+      torch::Tensor& p;
+      torch::Tensor& saved;
+      ~Restore() { p.copy_(saved); }
+    } restore{flat_.params(), saved};
+    return fn();
+  }
+  // State under "ema": tensors by parameter name (views). A checkpoint without EMA state (EMA was
+  // off) restarts the average from the current weights: load_state(nullptr).
+  ComponentState state() const;
+  void load_state(const ComponentState* st);
+
+ private:
+  FlatParams& flat_;
+  double decay_;
+  torch::Tensor ema_;  // (numel,) like flat_.params()
+};
+
+}  // namespace lm

@@ -1,0 +1,32 @@
+// The resume protocol: rank 0 picks the checkpoint (checkpoint.resume: auto = the newest that
+// verifies), every rank loads the same one, and a checkpoint of another architecture or other data
+// is refused (CheckpointError, exit 2) unless checkpoint.force.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "models/model_config.h"
+#include "trainer/checkpoint/checkpoint.h"
+
+namespace lm {
+
+class Comm;
+
+struct ResumePoint {
+  std::string dir;        // "" = a fresh start
+  CheckpointState state;  // what was loaded, when dir is set
+};
+
+// Collective when comm is set: every rank calls it.
+ResumePoint find_resume(Checkpointer& ckpt, const CheckpointConfig& cfg, Comm* comm, int rank);
+
+// The facts a checkpoint must match ("run" of its state): the architecture (vocab is the padded one).
+nlohmann::json arch_json(const ModelConfig& m, int64_t vocab);
+
+// Throws CheckpointError naming the checkpoint and what differs, unless `force` (then warns).
+void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const std::string& data_version, bool force);
+
+}  // namespace lm
