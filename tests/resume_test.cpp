@@ -12,6 +12,7 @@
 
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/run_dir.h"
 
 namespace lm {
 namespace {
@@ -19,11 +20,7 @@ namespace {
 using test::TempDir;
 
 bool fs_exists(const std::string& p) { return std::ifstream(p).good(); }
-std::string step_dir(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
+std::string step_dir(int64_t step) { return run_dir::step_name(step); }
 
 class ResumeE2E : public ::testing::Test {
  protected:

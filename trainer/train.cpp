@@ -299,8 +299,7 @@ class Trainer {
     if (deferred_ && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
         n != cfg_.train.max_steps && (every_eval <= 0 || n % every_eval != 0)) {
       profiler_->after_step(++step_);
-      s->seconds = seconds_since(s->t0);
-      s->kept = batches;
+      s->seconds = seconds_since(s->t0), s->kept = batches;
       pending_ = std::move(s);
       return true;
     }
@@ -500,10 +499,11 @@ class Trainer {
                    sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss, sum.tokens_per_s,
                    bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
     const double telemetry_ms = metrics_->caller_ms() / std::max<int64_t>(1, step_ - start_step_);
-    nlohmann::json j{{"steps", sum.steps}, {"first_loss", sum.first_loss}, {"last_loss", sum.last_loss},
-                     {"val_loss", sum.val_loss}, {"tokens_per_s", sum.tokens_per_s}, {"wall_s", sum.wall_s},
-                     {"world_size", world_}, {"telemetry_ms_per_step", telemetry_ms}};
-    if (bucketed) j["padding_pct"] = pad_pct;
+    namespace r = records;
+    nlohmann::json j{{r::kSteps, sum.steps}, {r::kFirstLoss, sum.first_loss}, {r::kLastLoss, sum.last_loss},
+                     {r::kValLoss, sum.val_loss}, {r::kTokensPerS, sum.tokens_per_s}, {r::kWallS, sum.wall_s},
+                     {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms}};
+    if (bucketed) j[r::kPaddingPct] = pad_pct;
     files::write_file_atomic(run_dir::summary(cfg_.run.dir), j.dump(2) + "\n");
     return sum;
   }

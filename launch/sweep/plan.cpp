@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/run_dir.h"
+#include "trainer/telemetry/records.h"
 
 namespace lm::sweep {
 namespace {
@@ -277,9 +278,8 @@ int64_t newest_checkpoint(const std::string& dir) {
 
 bool finished(const Run& r) {
   auto j = read_json(run_dir::summary(r.dir));
-  const char* kSteps = "steps";  // summary.json: optimizer steps done (trainer/train.cpp)
-  return j && j->is_object() && j->contains(kSteps) && (*j)[kSteps].is_number_integer() &&
-         (*j)[kSteps].get<int64_t>() == r.cfg.train.max_steps;
+  return j && j->is_object() && j->contains(records::kSteps) && (*j)[records::kSteps].is_number_integer() &&
+         (*j)[records::kSteps].get<int64_t>() == r.cfg.train.max_steps;
 }
 
 std::string join_command(const std::vector<std::string>& argv) {

@@ -63,8 +63,14 @@ constexpr const char* kTokensPerSMax = "tokens_per_s_max";
 constexpr const char* kMfuPctMean = "mfu_pct_mean";
 constexpr const char* kMfuPctMin = "mfu_pct_min";
 constexpr const char* kMfuPctMax = "mfu_pct_max";
-// summary.json
+// summary.json (written once at the end): steps, first_loss, last_loss, val_loss, tokens_per_s,
+// wall_s, world_size, telemetry_ms_per_step, padding_pct (bucketed).
+constexpr const char* kSteps = "steps";
+constexpr const char* kFirstLoss = "first_loss";
+constexpr const char* kLastLoss = "last_loss";
 constexpr const char* kWallS = "wall_s";
+constexpr const char* kWorldSize = "world_size";
+constexpr const char* kTelemetryMsPerStep = "telemetry_ms_per_step";
 
 // Name, unit and meaning of each numeric field a chart or table may show.
 struct Field {
