@@ -14,14 +14,7 @@
 namespace lm {
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 32;
-  c.seq_len = 16;
-  return c;
-}
+using test::tiny_model;
 
 TEST(Model, Gpt2SmallHasExactly124475904Parameters) {
   ModelConfig c;

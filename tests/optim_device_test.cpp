@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "common/compat.h"
+#include "tests/testutil.h"
 #include "models/gpt.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/runtime/device.h"
@@ -12,14 +13,7 @@
 namespace lm {
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 32;
-  c.seq_len = 16;
-  return c;
-}
+using test::tiny_model;
 
 OptimConfig optim_config() {
   OptimConfig oc;

@@ -10,8 +10,19 @@
 
 #include "common/errors.h"
 #include "common/process.h"
+#include "models/model_config.h"
 
 namespace lm::test {
+
+// A 2-layer, d 32, T 16 GPT shape: the model tests' default.
+inline ModelConfig tiny_model() {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  return c;
+}
 
 // A fresh empty directory under $TMPDIR (or /tmp), removed by the destructor.
 class TempDir {

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -51,14 +52,14 @@ namespace lm::launch {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;
 
 constexpr int kLogTailLines = 10;
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string str(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using clock::seconds_since;
 
 std::string first_line(std::string msg) {
   if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);

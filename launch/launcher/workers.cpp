@@ -19,6 +19,7 @@
 #include <fstream>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -27,11 +28,11 @@ namespace lm::launch {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;
 
 constexpr size_t kMaxLine = 65536;  // a longer partial line goes out unfinished
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using clock::seconds_since;
 
 }  // namespace
 

@@ -38,10 +38,11 @@ void add_record(const nlohmann::json& j, RunStats& st, std::vector<double>& tps)
   const std::string kind = j.value(records::kKind, "");
   if (kind == records::kTrain && j.contains(records::kStep)) {
     st.steps = j[records::kStep].get<int64_t>();
-    st.train_loss = j.value(records::kLoss, NAN);
+    // null when a step of the window was non-finite (records.h)
+    st.train_loss = j.contains(records::kLoss) && j[records::kLoss].is_number() ? j[records::kLoss].get<double>() : NAN;
     if (j.contains(records::kTokensPerS)) tps.push_back(j[records::kTokensPerS].get<double>());
   } else if (kind == records::kVal && j.contains(records::kValLoss)) {
-    const double v = j[records::kValLoss].get<double>();
+    const double v = j[records::kValLoss].is_number() ? j[records::kValLoss].get<double>() : NAN;
     if (std::isfinite(v) && (std::isnan(st.best_val) || v < st.best_val))
       st.best_val = v, st.best_val_step = j.value(records::kStep, int64_t{-1});
   }

@@ -182,7 +182,7 @@ Series smooth(const Series& s, double alpha) {
 
 // ---- what is charted ------------------------------------------------------------------------
 
-const char* kDash[] = {"", "7 4", "2 3"};  // per series style: solid, dashed, dotted
+const char* kDashArray[] = {"", "7 4", "2 3"};  // per series style: solid, dashed, dotted
 
 struct SeriesSpec {
   const char* key;    // metric name in Run::series
@@ -321,7 +321,7 @@ std::string svg_polyline(const Plot& p, const Line& l, const Series& pts, const 
   for (auto& q : pts) px.push_back(p.X(q.step)), py.push_back(p.Y(q.value));
   std::string s = strf("<polyline class=\"%s\" data-run=\"%d\" data-series=\"%s\" data-n=\"%zu\" stroke=\"%s\"", cls.c_str(),
                        l.run, sp.key, pts.size(), p.colour(l.run, l.spec).c_str());
-  if (*kDash[sp.style]) s += strf(" stroke-dasharray=\"%s\"", kDash[sp.style]);
+  if (*kDashArray[sp.style]) s += strf(" stroke-dasharray=\"%s\"", kDashArray[sp.style]);
   s += " points=\"";
   for (size_t i : lttb(px, py, static_cast<size_t>(max_points))) s += strf("%.1f,%.1f ", px[i], py[i]);
   if (s.back() == ' ') s.pop_back();

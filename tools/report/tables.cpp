@@ -18,7 +18,7 @@ namespace {
 
 namespace rec = records;
 
-const char* kDash = "<span class=\"dim\">\xE2\x80\x94</span>";  // an empty cell
+const char* kEmptyCell = "<span class=\"dim\">\xE2\x80\x94</span>";  // an empty cell
 
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -144,7 +144,7 @@ std::string checkpoint_cell(const Run& r) {
 
 // Train loss (last), validation loss (last, best @ step).
 std::string loss_cells(const Run& r) {
-  std::string loss = kDash, val = kDash, best = kDash;
+  std::string loss = kEmptyCell, val = kEmptyCell, best = kEmptyCell;
   if (auto* p = last_point(r, rec::kLoss)) loss = strf("%.4f", p->value);
   if (auto* p = last_point(r, rec::kValLoss)) {
     const Series& vs = r.series.at(rec::kValLoss);
@@ -161,10 +161,10 @@ std::string speed_cells(const Run& r) {
   const double mfu = median(values(r, rec::kMfuPct));
   const double wait = mean(values(r, rec::kDataWaitPct));
   const double wall = wall_seconds(r);
-  std::string s = "<td class=\"n\">" + (std::isnan(tps) ? std::string(kDash) : si(tps)) + "</td>";
-  s += "<td class=\"n\">" + (std::isnan(mfu) ? std::string(kDash) : strf("%.1f", mfu)) + "</td>";
-  s += "<td class=\"n\">" + (std::isnan(wait) ? std::string(kDash) : strf("%.2f", wait)) + "</td>";
-  s += "<td class=\"n\">" + (wall < 0 ? std::string(kDash) : duration(wall)) + "</td>";
+  std::string s = "<td class=\"n\">" + (std::isnan(tps) ? std::string(kEmptyCell) : si(tps)) + "</td>";
+  s += "<td class=\"n\">" + (std::isnan(mfu) ? std::string(kEmptyCell) : strf("%.1f", mfu)) + "</td>";
+  s += "<td class=\"n\">" + (std::isnan(wait) ? std::string(kEmptyCell) : strf("%.2f", wait)) + "</td>";
+  s += "<td class=\"n\">" + (wall < 0 ? std::string(kEmptyCell) : duration(wall)) + "</td>";
   return s;
 }
 
@@ -172,10 +172,10 @@ std::string speed_cells(const Run& r) {
 std::string run_row(const Run& r, size_t i, const std::vector<std::string>& diff_cols) {
   const Point* lastp = last_point(r, rec::kLoss) ? last_point(r, rec::kLoss) : last_point(r, rec::kLr);
   const std::string* max_steps = kv_find(r.config, "train.max_steps");
-  std::string steps = kDash;
+  std::string steps = kEmptyCell;
   if (lastp) steps = num(lastp->step);
   if (max_steps && lastp) steps += " / " + esc(*max_steps);
-  std::string tokens = kDash;
+  std::string tokens = kEmptyCell;
   if (auto* p = last_point(r, rec::kTokens)) tokens = si(p->value);
   int resumes = 0, anomalies = 0;
   for (auto& e : r.events) (e.kind == rec::kResume ? resumes : anomalies)++;
@@ -187,7 +187,7 @@ std::string run_row(const Run& r, size_t i, const std::vector<std::string>& diff
        (anomalies ? "<span class=\"warn\">" + std::to_string(anomalies) + "</span>" : std::string("0")) + "</td>";
   for (auto& k : diff_cols) {
     auto* v = kv_find(r.config, k);
-    s += "<td class=\"cfg\">" + (v ? cell_value(*v) : std::string(kDash)) + "</td>";
+    s += "<td class=\"cfg\">" + (v ? cell_value(*v) : std::string(kEmptyCell)) + "</td>";
   }
   return s + "</tr>\n";
 }
@@ -220,7 +220,7 @@ std::string kv_row(const std::vector<Run>& runs, KV Run::*field, const std::stri
   for (auto& r : runs) {
     const std::string* v = kv_find(r.*field, key);
     const bool chg = diff && !(r.*field).empty() && (!v || !first || *v != *first);
-    s += std::string("<td") + (chg ? " class=\"chg\"" : "") + ">" + (v ? cell_value(*v) : kDash) + "</td>";
+    s += std::string("<td") + (chg ? " class=\"chg\"" : "") + ">" + (v ? cell_value(*v) : kEmptyCell) + "</td>";
   }
   return s + "</tr>\n";
 }

@@ -80,7 +80,7 @@ struct Field {
   const char* what;
 };
 constexpr Field kFields[] = {
-    {kLoss, kTrain, "nats/token", "mean training loss over the logged window (token-weighted)"},
+    {kLoss, kTrain, "nats/token", "mean training loss over the logged window; null when a step in it was non-finite"},
     {kLr, kTrain, "", "learning rate of the window's last step"},
     {kGradNorm, kTrain, "", "global gradient norm before clipping, last step of the window"},
     {kTokensPerS, kTrain, "tokens/s", "target tokens per second over all ranks (window wall time)"},
