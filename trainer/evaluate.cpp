@@ -10,7 +10,7 @@
 namespace lm {
 
 std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const data::Manifest& train,
-                                             const torch::Device& device, Comm* comm, int rank, int world) {
+                                             const torch::Device& device, int rank, int world) {
   if (cfg.eval.batches <= 0) return nullptr;
   data::Manifest m = cfg.data.val.empty() ? train : data::Manifest::load(cfg.data.val);
   const std::string split = m.split_tokens("val") > 0 ? "val" : "train";
@@ -18,17 +18,17 @@ std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const 
     if (rank == 0) log::warn("no validation data in " + m.dir + ": validation disabled");
     return nullptr;
   }
-  return std::unique_ptr<Evaluator>(new Evaluator(cfg, std::move(m), split, device, comm, rank, world));
+  return std::unique_ptr<Evaluator>(new Evaluator(cfg, std::move(m), split, device, rank, world));
 }
 
 Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split,
-                     const torch::Device& device, Comm* comm, int rank, int world)
-    : cfg_(cfg), manifest_(std::move(m)), device_(device), comm_(comm), rank_(rank), world_(world),
+                     const torch::Device& device, int rank, int world)
+    : cfg_(cfg), manifest_(std::move(m)), device_(device), rank_(rank), world_(world),
       bf16_(cfg.train.dtype == "bf16") {
   reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len);
 }
 
-double Evaluator::mean_loss(GPT& model) {
+double Evaluator::mean_loss(GPT& model, Comm* comm) {
   torch::NoGradGuard ng;
   model->eval();
   reader_->reset();
@@ -47,9 +47,9 @@ double Evaluator::mean_loss(GPT& model) {
     }
   }
   model->train();
-  if (comm_) {
+  if (comm) {
     auto t = torch::tensor({total}, torch::kDouble);
-    comm_->all_reduce_sum(t, "all-reduce of the validation loss");
+    comm->all_reduce_sum(t, "all-reduce of the validation loss");
     total = t.item<double>();
   }
   return total / cfg_.eval.batches;

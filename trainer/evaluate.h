@@ -21,18 +21,18 @@ class Evaluator {
   // The validation data: data.val, else the `val` split of the training set, else (no val split)
   // its `train` split. nullptr when eval.batches is 0 or there is too little data (logged).
   static std::unique_ptr<Evaluator> create(const ExperimentConfig& cfg, const data::Manifest& train,
-                                           const torch::Device& device, Comm* comm, int rank, int world);
-  // Mean validation loss of `model` (eval mode during the pass, train mode after).
-  double mean_loss(GPT& model);
+                                           const torch::Device& device, int rank, int world);
+  // Mean validation loss of `model` (eval mode during the pass, train mode after); with `comm` the
+  // batches are split over the ranks and summed with one all-reduce.
+  double mean_loss(GPT& model, Comm* comm);
 
  private:
   Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split, const torch::Device& device,
-            Comm* comm, int rank, int world);
+            int rank, int world);
   const ExperimentConfig& cfg_;
   data::Manifest manifest_;
   std::unique_ptr<data::ValReader> reader_;
   torch::Device device_;
-  Comm* comm_;
   int rank_, world_;
   bool bf16_;
 };

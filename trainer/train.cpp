@@ -137,7 +137,7 @@ class Trainer {
     loader_ = std::make_unique<data::Loader>(cfg_.data, manifest_, "train", cfg_.model.seq_len,
                                              cfg_.train.micro_batch_size, rank_, world_,
                                              static_cast<uint64_t>(cfg_.run.seed));
-    eval_ = Evaluator::create(cfg_, manifest_, device_, nullptr, rank_, world_);
+    eval_ = Evaluator::create(cfg_, manifest_, device_, rank_, world_);
     vocab_ = padded_vocab(cfg_.model, data_vocab_);
     if (cfg_.train.dtype == "bf16" && !device_.is_cuda())
       throw ConfigError("key 'train.dtype': bf16 autocast needs a CUDA device (train.device=" + cfg_.train.device + ")");
@@ -158,7 +158,6 @@ class Trainer {
       ::setenv("NCCL_DEBUG_FILE", (run_dir::logs(dir) + "/nccl_rank" + std::to_string(rank_) + ".%h.%p.log").c_str(), 0);
     }
     comm_ = std::make_unique<Comm>(launch_, cfg_.dist, device_);
-    if (eval_) eval_ = Evaluator::create(cfg_, manifest_, device_, comm_.get(), rank_, world_);
   }
 
   void build_model() {
@@ -444,10 +443,10 @@ class Trainer {
   // The validation loss (and, with EMA, the EMA weights' loss) as a "val" record.
   void evaluate() {
     nlohmann::json rec = {{records::kKind, records::kVal}, {records::kStep, step_}};
-    const double loss = eval_->mean_loss(model_);
+    const double loss = eval_->mean_loss(model_, comm_.get());
     rec[records::kValLoss] = loss;
     rec[records::kTime] = unix_now();
-    if (ema_) rec[records::kValLossEma] = ema_->with_weights([&] { return eval_->mean_loss(model_); });
+    if (ema_) rec[records::kValLossEma] = ema_->with_weights([&] { return eval_->mean_loss(model_, comm_.get()); });
     val_loss_ = loss;
     if (rank_ == 0) metrics_->write(std::move(rec));
   }

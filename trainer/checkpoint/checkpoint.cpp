@@ -220,7 +220,7 @@ void Checkpointer::save(const CheckpointState& st) {
   inflight_ = std::make_unique<InFlight>();
   inflight_->keep = std::move(keep);
   if (all_on_cpu(st)) {  // fork: the child sees a frozen copy-on-write snapshot
-    save_forked(plans, st.step, kill, ms_since(t0));
+    save_forked(plans, st.step, mb, kill, ms_since(t0));
     return;
   }
   const double block = ms_since(t0);
@@ -233,9 +233,9 @@ void Checkpointer::save(const CheckpointState& st) {
 
 // Async on CPU: a forked child writes the plans from the copy-on-write snapshot and reports an
 // error through a pipe; a waiter thread records the outcome. block_ms: blocked time so far.
-void Checkpointer::save_forked(const std::vector<files::FilePlan>& plans, int64_t step, bool kill, double block_ms) {
+void Checkpointer::save_forked(const std::vector<files::FilePlan>& plans, int64_t step, double mb, bool kill,
+                               double block_ms) {
   const auto t0 = Clock::now();
-  const double mb = plans_mb(plans);
   const std::string dir = ckpt_dir_ + "/" + step_name(step);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");

@@ -89,7 +89,7 @@ class Checkpointer {
  private:
   struct InFlight;
   std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep);
-  void save_forked(const std::vector<files::FilePlan>& plans, int64_t step, bool kill, double block_ms);
+  void save_forked(const std::vector<files::FilePlan>& plans, int64_t step, double mb, bool kill, double block_ms);
   void record(SaveReport r);
   void prune();
 
