@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checkpoint cost of GPT-2 124M + AdamW state (~1.5 GB) on CPU, side by side in one run with the
 # raw sequential write speed of the same byte count on the same disk (dd ... conv=fsync) and
-# LibTorch's torch::save of the same tensors. Goals: synchronous save >= 80% of dd's bandwidth;
-# the async save blocks training for <= 5% of the synchronous save time.
+# LibTorch's torch::save of the same tensors. Goal: synchronous save >= 80% of dd's bandwidth.
+# The async save's real stall (goal <= 5% of the synchronous save) is measured inside a training
+# loop by bench/ckpt_stall.sh; async_call_ms here is the save() call alone.
 # usage: bench/checkpoint.sh [DIR]   (DIR: scratch directory on the disk to measure; default /tmp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,5 @@ o = json.loads(sys.argv[1]); dd = float(sys.argv[2])
 o["dd_mb_per_s"] = dd
 o["sync_vs_dd"] = round(o["sync_mb_per_s"] / dd, 3)
 o["torch_save_vs_dd"] = round(o["torch_save_mb_per_s"] / dd, 3)
-o["async_block_pct_of_sync"] = round(100 * o["async_block_ms"] / o["sync_ms"], 2)
 print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in o.items()}))
 PY

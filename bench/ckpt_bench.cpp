@@ -3,8 +3,10 @@
 //
 //   ckpt_bench --dir DIR [--reps N]     prints one JSON line:
 //     sync_ms / sync_mb_per_s      Checkpointer save, synchronous (write + fsync + commit)
-//     async_block_ms / async_ms    Checkpointer save with checkpoint.async (fork snapshot): the
-//                                  time training is blocked, and until the files are committed
+//     async_call_ms / async_ms     Checkpointer save with checkpoint.async: the save() call alone
+//                                  (NOT the stall: the staging copy and the writer run while
+//                                  training goes on; bench/ckpt_stall.sh measures the real stall
+//                                  in a training loop), and until the files are committed
 //     load_ms / load_mb_per_s      Checkpointer::load_resume (one pass: read + checksum)
 //     torch_save_ms / torch_save_mb_per_s   torch::save of the same tensors, then fsync
 // The dd baseline of the same byte count runs in bench/checkpoint.sh (same disk, same run).
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
     lm::files::remove_all(dir + "/sync");
     lm::files::remove_all(dir + "/async");
     std::cout << nlohmann::json{{"params", model->num_params()}, {"state_mb", mb}, {"sync_ms", t.sync_ms},
-                                {"sync_mb_per_s", mb / t.sync_ms * 1e3}, {"async_block_ms", t.block_ms},
+                                {"sync_mb_per_s", mb / t.sync_ms * 1e3}, {"async_call_ms", t.block_ms},
                                 {"async_ms", t.async_ms}, {"load_ms", t.load_ms}, {"load_mb_per_s", mb / t.load_ms * 1e3},
                                 {"torch_save_ms", t.torch_ms}, {"torch_save_mb_per_s", mb / t.torch_ms * 1e3}}
                      .dump()

@@ -2,11 +2,16 @@
 # C++ trainer vs the Python peer (shared/peers/gpt_torch.py, PyTorch with /usr/bin/python3) on the
 # same work: same model shape, batch, precision (fp32) and thread count, on CPU, in one run.
 # The peer trains on random ids; the trainer on real shards through its reader (same shapes, so
-# the same FLOPs). Rounds alternate peer/trainer so drift hits both; the median of each is reported.
+# the same FLOPs). Rounds alternate peer/tuned peer/trainer so drift hits all; the median of each is
+# reported. The tuned peer runs with glibc malloc tuned as a user would to keep activations mapped
+# (MALLOC_MMAP_THRESHOLD_=32 MB, glibc's maximum, and MALLOC_TRIM_THRESHOLD_=16 GB: freed memory
+# stays in the heap instead of being unmapped and page-faulted again each step), since part of our
+# margin is the trainer's caching host allocator doing exactly that.
 #
 # usage: bench/cpu_vs_peer.sh [--threads N] [--rounds R] [--steps S] [--layers L --heads H --dim D
 #                              --seq T --batch B --vocab V]
-# Prints one JSON line: {"peer_tokens_per_s":..., "cpp_tokens_per_s":..., "ratio":..., ...}
+# Prints one JSON line: {"peer_tokens_per_s":..., "peer_tuned_tokens_per_s":..., "cpp_tokens_per_s":...,
+#                        "ratio":..., "ratio_vs_tuned_peer":..., ...}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=1 ROUNDS=3 STEPS=20 LAYERS=4 HEADS=4 DIM=256 SEQ=256 BATCH=8 VOCAB=4096
@@ -29,12 +34,16 @@ else for i in $(seq 20000); do echo "in the beginning god created the heaven and
 build/bin/prep "$WORK/corpus.txt" --out "$WORK/data" --tokenizer bytes --quiet >&2
 
 export OMP_NUM_THREADS=$THREADS
-peer=() cpp=()
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
+peer=() tuned=() cpp=()
+run_peer() {
+  "$@" /usr/bin/python3 "$PEER" --device cpu --dtype fp32 --threads "$THREADS" --layers "$LAYERS" \
+    --heads "$HEADS" --dim "$DIM" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" --steps "$STEPS" --warmup 2 |
+    tail -n 1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])'
+}
 for r in $(seq "$ROUNDS"); do
-  p=$(/usr/bin/python3 "$PEER" --device cpu --dtype fp32 --threads "$THREADS" --layers "$LAYERS" \
-        --heads "$HEADS" --dim "$DIM" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
-        --steps "$STEPS" --warmup 2 | tail -n 1)
-  peer+=("$(echo "$p" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')")
+  peer+=("$(run_peer env)")
+  tuned+=("$(run_peer env MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184)")
   build/bin/trainer configs/tiny.yaml "run.dir=$WORK/run$r" "data.train=$WORK/data" \
       "model.n_layer=$LAYERS" "model.n_head=$HEADS" "model.d_model=$DIM" "model.seq_len=$SEQ" \
       "model.vocab_size=$VOCAB" "train.micro_batch_size=$BATCH" "train.threads=$THREADS" \
@@ -42,14 +51,17 @@ for r in $(seq "$ROUNDS"); do
       "log.tensorboard=false" >/dev/null 2>&1
   # summary.json tokens_per_s excludes the first step (warm-up).
   cpp+=("$(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$WORK/run$r/summary.json")")
-  echo "round $r: peer ${peer[-1]} tok/s, c++ ${cpp[-1]} tok/s" >&2
+  echo "round $r: peer ${peer[-1]} tok/s, tuned peer ${tuned[-1]} tok/s, c++ ${cpp[-1]} tok/s" >&2
 done
-/usr/bin/python3 - "${peer[*]}" "${cpp[*]}" <<PY
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+/usr/bin/python3 - "${peer[*]}" "${cpp[*]}" "${tuned[*]}" <<PY
 import json, statistics, sys
 peer = [float(x) for x in sys.argv[1].split()]; cpp = [float(x) for x in sys.argv[2].split()]
-p, c = statistics.median(peer), statistics.median(cpp)
+tuned = [float(x) for x in sys.argv[3].split()]
+p, c, t = statistics.median(peer), statistics.median(cpp), statistics.median(tuned)
 print(json.dumps({"shape": {"layers": $LAYERS, "heads": $HEADS, "dim": $DIM, "seq": $SEQ, "batch": $BATCH,
                   "vocab": $VOCAB, "dtype": "fp32", "threads": $THREADS, "steps": $STEPS},
-                  "peer_tokens_per_s": round(p), "cpp_tokens_per_s": round(c), "ratio": round(c / p, 3),
-                  "peer_rounds": peer, "cpp_rounds": cpp}))
+                  "peer_tokens_per_s": round(p), "peer_tuned_tokens_per_s": round(t), "cpp_tokens_per_s": round(c),
+                  "ratio": round(c / p, 3), "ratio_vs_tuned_peer": round(c / t, 3),
+                  "peer_rounds": peer, "peer_tuned_rounds": tuned, "cpp_rounds": cpp}))
 PY

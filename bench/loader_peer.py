@@ -1,7 +1,13 @@
-"""The loader's peer: packed windows of seq_len+1 tokens read with numpy memmap and batched by a
-torch.utils.data.DataLoader. Written from data/format/FORMAT.md alone (the format's second implementation).
+"""The loader's peers, written from data/format/FORMAT.md alone (the format's second implementation):
+  --style dataloader: packed windows of seq_len+1 tokens read with numpy memmap and batched by a
+                      torch.utils.data.DataLoader with --workers worker processes;
+  --style getbatch:   nanoGPT's get_batch (train.py), in the training process: a fresh np.memmap
+                      of the tokens, B random offsets, torch.from_numpy of int64 copies, stacked.
+                      nanoGPT reads one train.bin; here each batch draws its shard in proportion
+                      to its tokens, then runs get_batch on it (no EOS between documents: less
+                      work than ours, which inserts them).
 
-usage: /usr/bin/python3 bench/loader_peer.py DATA_DIR [--workers N] [--seq T] [--batch B]
+usage: /usr/bin/python3 bench/loader_peer.py DATA_DIR [--style S] [--workers N] [--seq T] [--batch B]
                                              [--batches N] [--warmup N]
 Prints one JSON line: tokens/s and output bytes/s of (inputs, targets) int64 batches of (B, T).
 """
@@ -66,9 +72,37 @@ class PackedWindows(Dataset):
         return w[:-1], w[1:]
 
 
+class GetBatch:
+    """nanoGPT's get_batch over the split's shards (see the module comment)."""
+
+    def __init__(self, data_dir, split, seq_len, batch):
+        m = json.load(open(f"{data_dir}/manifest.json"))
+        self.shards = []
+        for s in m["shards"]:
+            if s["split"] != split:
+                continue
+            path = f"{data_dir}/{s['file']}"
+            with open(path, "rb") as f:
+                _, _, w, _, n_tokens, _, tokens_off = struct.unpack("<8sIIQQQQ", f.read(48))
+            self.shards.append((path, np.uint16 if w == 2 else np.uint32, tokens_off, n_tokens))
+        sizes = np.array([s[3] for s in self.shards], dtype=np.float64)
+        self.p = sizes / sizes.sum()
+        self.T, self.B = seq_len, batch
+
+    def __next__(self):
+        path, dtype, off, n = self.shards[np.random.choice(len(self.shards), p=self.p)]
+        # nanoGPT: "recreate np.memmap every batch to avoid a memory leak"
+        data = np.memmap(path, dtype=dtype, mode="r", offset=off, shape=(n,))
+        ix = torch.randint(len(data) - self.T - 1, (self.B,))
+        x = torch.stack([torch.from_numpy((data[i:i + self.T]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + self.T]).astype(np.int64)) for i in ix])
+        return x, y
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
+    ap.add_argument("--style", choices=["dataloader", "getbatch"], default="dataloader")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
@@ -76,9 +110,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     a = ap.parse_args()
     torch.manual_seed(1)
-    loader = DataLoader(PackedWindows(a.data, "train", a.seq), batch_size=a.batch, shuffle=True,
-                        num_workers=a.workers, drop_last=True, persistent_workers=True)
-    it = iter(loader)
+    np.random.seed(1)
+    if a.style == "getbatch":
+        it, a.workers, name = GetBatch(a.data, "train", a.seq, a.batch), 0, "nanoGPT get_batch (np.memmap, in process)"
+    else:
+        it = iter(DataLoader(PackedWindows(a.data, "train", a.seq), batch_size=a.batch, shuffle=True,
+                             num_workers=a.workers, drop_last=True, persistent_workers=True))
+        name = "numpy memmap + torch DataLoader"
     for _ in range(a.warmup):
         next(it)
     t0, tokens = time.perf_counter(), 0
@@ -86,7 +124,7 @@ def main():
         x, y = next(it)
         tokens += x.numel()
     s = time.perf_counter() - t0
-    print(json.dumps({"peer": "numpy memmap + torch DataLoader", "workers": a.workers, "seq": a.seq,
+    print(json.dumps({"peer": name, "style": a.style, "workers": a.workers, "seq": a.seq,
                       "batch": a.batch, "batches": a.batches, "seconds": round(s, 3),
                       "tokens_per_s": round(tokens / s), "bytes_per_s": round(16 * tokens / s)}))
 

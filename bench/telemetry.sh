@@ -1,23 +1,64 @@
 #!/usr/bin/env bash
-# What telemetry costs the training thread: the tiny config with a record EVERY step (console,
-# metrics.jsonl, TensorBoard, long-window aggregates), timing the training thread's share (the
-# trainer measures the time spent handing records to the metrics thread: summary.json
-# telemetry_ms_per_step), next to the step time. Goal: well under 1 ms per step.
-# usage: bench/telemetry.sh [--steps N]        (needs shards/kjv: run launch/kjv.sh first)
+# What telemetry costs, as an A/B of the step time: metrics every step vs every 1000 steps, with
+# TensorBoard on and off, on the tiny and kjv configs. Rounds alternate the variants (order rotated
+# each round) so drift hits all; the median per variant is reported with ratios to the quietest
+# (every 1000 steps, TensorBoard off). Step time = tokens per step / summary.json tokens_per_s (all
+# steps but the first). Data: the King James Bible with the bytes tokenizer (model.vocab_size pads
+# the vocabulary to the kjv config's 4096, so the shapes are the main job's).
+# usage: bench/telemetry.sh [--rounds R] [--tiny-steps N] [--kjv-steps N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=300
-[ "${1:-}" = "--steps" ] && STEPS=$2
-[ -f shards/kjv/manifest.json ] || { echo "telemetry.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
+ROUNDS=3 TINY_STEPS=300 KJV_STEPS=20
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS=$2 ;; --tiny-steps) TINY_STEPS=$2 ;; --kjv-steps) KJV_STEPS=$2 ;;
+    *) echo "telemetry.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+[ -x build/bin/trainer ] || bash launch/build.sh trainer prep >&2
 WORK=$(mktemp -d /tmp/lmtel.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-build/bin/trainer configs/tiny.yaml "run.dir=$WORK/run" "train.max_steps=$STEPS" log.every_steps=1 \
-  log.long_window_s=1 eval.batches=0 >/dev/null 2>&1
-/usr/bin/python3 - "$WORK/run" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1] + "/summary.json"))
-recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-train = [r for r in recs if r.get("kind") == "train"]
-print(json.dumps({"steps": s["steps"], "records": len(recs), "step_ms_mean": round(sum(r["step_ms"] for r in train) / len(train), 3),
-                  "telemetry_ms_per_step": s["telemetry_ms_per_step"]}))
+if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.txt"
+else for i in $(seq 20000); do echo "in the beginning god created the heaven and the earth $i"; done > "$WORK/corpus.txt"; fi
+build/bin/prep "$WORK/corpus.txt" --out "$WORK/data" --tokenizer bytes --quiet >&2
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
+variants=("1 true" "1000 true" "1 false" "1000 false")
+for r in $(seq "$ROUNDS"); do
+  for cfg in tiny kjv; do
+    steps=$TINY_STEPS; [ $cfg = kjv ] && steps=$KJV_STEPS
+    for i in 0 1 2 3; do
+      read -r every tb <<< "${variants[$(( (i + r) % 4 ))]}"
+      dir="$WORK/$cfg.$every.$tb.$r"
+      build/bin/trainer configs/$cfg.yaml "run.dir=$dir" "data.train=$WORK/data" model.vocab_size=4096 \
+        "train.max_steps=$steps" "log.every_steps=$every" "log.tensorboard=$tb" eval.batches=0 \
+        checkpoint.every_steps=0 >/dev/null 2>&1
+      echo "{\"cfg\": \"$cfg\", \"every\": $every, \"tensorboard\": $tb, \"dir\": \"$dir\"}" >> "$WORK/runs.jsonl"
+    done
+  done
+  echo "round $r done" >&2
+done
+/usr/bin/python3 - "$WORK/runs.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = {}
+for cfg in ("tiny", "kjv"):
+    res = {}
+    for every in (1, 1000):
+        for tb in (True, False):
+            ms = []
+            for r in rows:
+                if r["cfg"] == cfg and r["every"] == every and r["tensorboard"] == tb:
+                    s = json.load(open(r["dir"] + "/summary.json"))
+                    c = [l.split(":", 1)[1].strip() for l in open(r["dir"] + "/config.yaml") if l.strip().startswith(("seq_len:", "micro_batch_size:"))]
+                    tokens_per_step = int(c[0]) * int(c[1])
+                    ms.append(1e3 * tokens_per_step / s["tokens_per_s"])
+            res[f"every{every}_tb{'on' if tb else 'off'}"] = {"step_ms": round(statistics.median(ms), 3), "rounds": [round(x, 3) for x in ms]}
+    base = res["every1000_tboff"]["step_ms"]
+    for k, v in res.items():
+        v["ratio_to_quietest"] = round(v["step_ms"] / base, 4)
+        v["extra_ms_per_step"] = round(v["step_ms"] - base, 3)
+    out[cfg] = res
+print(json.dumps(out, indent=1))
 PY
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

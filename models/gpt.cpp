@@ -94,9 +94,9 @@ int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab) {
   return (v + c.vocab_multiple - 1) / c.vocab_multiple * c.vocab_multiple;
 }
 
-double flops_per_token(const ModelConfig& c, int64_t num_params) {
-  return 6.0 * static_cast<double>(num_params) +
-         12.0 * static_cast<double>(c.n_layer * c.d_model * c.seq_len);
+double matmul_flops_per_token(const ModelConfig& c, int64_t vocab, int64_t context) {
+  const double L = static_cast<double>(c.n_layer), d = static_cast<double>(c.d_model);
+  return 6.0 * (12.0 * L * d * d + static_cast<double>(vocab) * d) + 12.0 * L * d * static_cast<double>(context);
 }
 
 }  // namespace lm

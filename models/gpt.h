@@ -51,7 +51,11 @@ TORCH_MODULE(GPT);
 
 // vocab rounded up to a multiple of c.vocab_multiple.
 int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab);
-// Training FLOPs per token, as the peer counts them: 6*N + attention 12*L*d*T (PaLM appendix B).
-double flops_per_token(const ModelConfig& c, int64_t num_params);
+// Training (forward + backward) matmul FLOPs per token at context length `context`, the MFU
+// numerator: 6 * (12*L*d^2 [qkv, attention out, MLP] + V*d [the LM head, tied to the token
+// embedding: a matmul, counted once]) + 12*L*d*context [QK^T and AV] (PaLM appendix B, matmuls
+// only: the token and position embeddings are lookups, layer norms, biases, GELU and softmax are
+// not counted). vocab: the padded vocabulary the head computes.
+double matmul_flops_per_token(const ModelConfig& c, int64_t vocab, int64_t context);
 
 }  // namespace lm

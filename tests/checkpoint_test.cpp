@@ -1,5 +1,5 @@
 // Checkpointer: layout, manifest, verification, damaged-checkpoint skipping, retention, sync and
-// async (forked) saves.
+// async (staged) saves, their real-stall report and the Young/Daly interval.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +10,10 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "common/errors.h"
 #include "trainer/checkpoint/state.h"
+#include "trainer/checkpoint/interval.h"
+#include "trainer/checkpoint/stall.h"
+
+#include <thread>
 
 namespace lm {
 namespace {
@@ -114,22 +118,87 @@ TEST(Checkpoint, StaleTempDirsRemovedAndNeverResumed) {
   EXPECT_EQ(ck.load_resume(&st), "");
 }
 
-TEST(Checkpoint, AsyncForkWritesTheSnapshotNotLaterChanges) {
+// The async save writes the state as it was at save(): once wait_snapshot() returned, training may
+// change the weights (and the staging buffer is reused by the next save).
+TEST(Checkpoint, AsyncWritesTheSnapshotNotLaterChanges) {
   test::TempDir run;
   CheckpointConfig cfg;
   cfg.async = true;
   Checkpointer ck(cfg, run.path(), 0, 1);
-  auto st = make_state(3, 2.0f);
-  auto w = st.replicated["model"].tensors[0].second;
-  ck.save(st);
-  w.fill_(9.0f);  // training goes on and changes the weights
+  for (int64_t step : {3, 4}) {
+    auto st = make_state(step, 2.0f * step);
+    auto w = st.replicated["model"].tensors[0].second;
+    ck.save(st);
+    ck.wait_snapshot();
+    w.fill_(9.0f);  // training goes on and changes the weights
+    ck.wait();
+    auto reports = ck.finished();
+    ASSERT_EQ(reports.size(), 1u);
+    EXPECT_TRUE(reports[0].async);
+    EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
+    auto back = ck.load(run / ("checkpoints/step_0000000" + std::to_string(step)));
+    EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 2.0f * step)));
+    EXPECT_TRUE(torch::equal(back.replicated["optimizer"].tensors[0].second, torch::full({64, 64}, 1.0f * step)));
+  }
+}
+
+// block_ms is the real stall: the save() call plus how much longer the steps that ran while the
+// save was in flight took than the steps before it (median), not the save() call alone.
+TEST(Checkpoint, AsyncReportsTheStepsExtraTimeAsItsStall) {
+  test::TempDir run;
+  CheckpointConfig cfg;
+  cfg.async = true;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  for (double s : {0.10, 0.12, 0.10}) ck.step_done(s);  // baseline: median 0.10 s
+  ck.save(make_state(1, 1.0f));
+  std::vector<SaveReport> r;
+  ck.step_done(0.30);  // in flight (or finishing): 0.2 s extra
+  for (int i = 0; i < 500 && (r = ck.finished()).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ck.step_done(0.10);  // in flight, no extra
+  }
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(r[0].error.empty()) << r[0].error;
+  EXPECT_NEAR(r[0].block_ms, r[0].call_ms + 200.0, 1e-6);
+  // The next save's steps without one set the baseline again; a wait() counts as stall too.
+  ck.save(make_state(2, 1.0f));
   ck.wait();
-  auto reports = ck.finished();
-  ASSERT_EQ(reports.size(), 1u);
-  EXPECT_TRUE(reports[0].async);
-  EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
-  auto back = ck.load(run / "checkpoints/step_00000003");
-  EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 2.0f)));
+  r = ck.finished();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_GE(r[0].block_ms, r[0].call_ms);
+}
+
+TEST(Checkpoint, StallMeterSubtractsTheMedianCleanStep) {
+  StallMeter m;
+  EXPECT_DOUBLE_EQ(m.take(0.5), 0.5);  // no baseline yet: the fallback
+  for (double s : {1.0, 3.0, 2.0}) m.step(s, false);
+  EXPECT_DOUBLE_EQ(m.baseline_s(), 2.0);
+  m.step(2.5, true), m.step(2.25, true);
+  EXPECT_DOUBLE_EQ(m.take(9.0), 0.75);
+  EXPECT_DOUBLE_EQ(m.take(9.0), 0.0);  // reset
+  m.step(1.0, true);                   // faster than the baseline: no negative stall
+  EXPECT_DOUBLE_EQ(m.take(9.0), 0.0);
+}
+
+// Young/Daly: interval = sqrt(2 * MTBF_job * C), MTBF_job = mtbf_hours per node / nodes.
+// 1 h per node, 4 nodes: 900 s; C = 2 s: 60 s; at 0.1 s/step: 600 steps.
+TEST(Checkpoint, YoungDalyIntervalFromMeasuredStallAndNodes) {
+  CheckpointConfig cfg;
+  cfg.every_steps = -1, cfg.mtbf_hours = 1.0;
+  SaveInterval four(cfg, false, 4);
+  four.record_cost(2.0);
+  EXPECT_FALSE(four.due(599, 0, 0.1));
+  EXPECT_EQ(four.interval_steps(), 600);
+  EXPECT_TRUE(four.due(600, 0, 0.1));
+  EXPECT_TRUE(four.due(1250, 650, 0.1));
+  EXPECT_FALSE(four.due(1249, 650, 0.1));
+  SaveInterval one(cfg, false, 1);  // one node: sqrt(2 * 3600 * 2) = 120 s = 1200 steps
+  one.record_cost(2.0);
+  EXPECT_FALSE(one.due(1199, 0, 0.1));
+  EXPECT_EQ(one.interval_steps(), 1200);
+  one.record_cost(0.5);  // a cheaper save (measured): sqrt(2 * 3600 * 0.5) = 60 s = 600 steps
+  EXPECT_TRUE(one.due(600, 0, 0.1));
+  EXPECT_EQ(one.interval_steps(), 600);
 }
 
 TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {

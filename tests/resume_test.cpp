@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -93,7 +95,15 @@ void expect_exact_resume(const std::string& data, const std::vector<std::string>
   kill_group(g);
   // 2: resumes from step 5, then is killed while writing the step-15 checkpoint.
   g = start_group(args, ranks, b / "out2", {"LM_FAULT_KILL_IN_SAVE=15"});
-  for (auto& p : g) EXPECT_GE(test::wait_proc(p, 120), 128) << "expected the fault hook to kill it";
+  for (auto& p : g) {
+    // Killed by the hook, not by the timeout (which also SIGKILLs): well before it, and the
+    // step-15 checkpoint left half-written.
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(test::wait_proc(p, 120), 128 + SIGKILL) << "expected the fault hook to kill it";
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 110) << "hung: killed by the timeout";
+  }
+  EXPECT_TRUE(fs_exists(b / ("checkpoints/" + step_dir(15) + ".tmp"))) << "the hook did not fire in the step-15 save";
+  EXPECT_FALSE(fs_exists(b / ("checkpoints/" + step_dir(15))));
   // 3: resumes from step 10 (15 never committed); killed mid-run a few steps later.
   g = start_group(args, ranks, b / "out3");
   ASSERT_TRUE(test::wait_until(g[0], [&] { return test::last_train_step(metrics) >= 18; }))
@@ -108,8 +118,22 @@ void expect_exact_resume(const std::string& data, const std::vector<std::string>
   ASSERT_EQ(got.size(), want.size());
   for (auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step;
   EXPECT_EQ(test::read_text(a / "model.safetensors"), test::read_text(b / "model.safetensors"));
-  const std::string last = "/checkpoints/step_000000" + std::to_string(kSteps) + "/model.safetensors";
-  EXPECT_EQ(test::read_text(a.path() + last), test::read_text(b.path() + last));
+  // The last checkpoint's every file but the manifest's timestamps-free bytes: weights, AdamW
+  // moments, EMA (when on), and the JSON state of every component. A missing file fails.
+  const std::string last = "/checkpoints/" + step_dir(kSteps) + "/";
+  const bool ema = std::find_if(extra.begin(), extra.end(), [](auto& e) { return e.rfind("train.ema_decay=", 0) == 0; }) != extra.end();
+  std::vector<std::string> files = {"model.safetensors", "optimizer.safetensors", "state.json", "rank_0.json", "manifest.json"};
+  if (ema) files.push_back("ema.safetensors");
+  for (const auto& f : files) {
+    ASSERT_TRUE(fs_exists(a.path() + last + f)) << a.path() + last + f;
+    ASSERT_TRUE(fs_exists(b.path() + last + f)) << b.path() + last + f;
+    if (f == "state.json" || f == "manifest.json") continue;  // state.json holds the config (run.dir differs)
+    EXPECT_EQ(test::read_text(a.path() + last + f), test::read_text(b.path() + last + f)) << f;
+  }
+  // state.json: every component's values equal (the run facts hold the run directory).
+  auto sa = nlohmann::json::parse(test::read_text(a.path() + last + "state.json"));
+  auto sb = nlohmann::json::parse(test::read_text(b.path() + last + "state.json"));
+  EXPECT_EQ(sa["components"].dump(), sb["components"].dump());
   // The resumed attempts logged their recovery.
   EXPECT_GE(test::metrics_of_kind(metrics, "resume").size(), 1u);
 }

@@ -108,5 +108,95 @@ TEST_F(TrainE2E, CliErrorsExit2WithOneLine) {
   EXPECT_EQ(run_bin("trainer", {"--help"}).exit_code, 0);
 }
 
+// Validation says which data and split it ran on: a dataset without a val split is evaluated on its
+// train split, said in the records and a warning; data.val of another tokenizer exits 2.
+TEST_F(TrainE2E, ValidationNamesItsSplitAndRefusesAnotherTokenizer) {
+  TempDir d, run;
+  test::write_text(d / "c.txt", test::synthetic_corpus(400));
+  ASSERT_EQ(run_bin("prep", {d / "c.txt", "--out", d / "noval", "--tokenizer", "bytes", "--val-fraction", "0", "--quiet"}).exit_code, 0);
+  const std::vector<std::string> base = {test::source_path("configs/tiny.yaml"), "train.max_steps=2", "eval.batches=1",
+                                         "log.every_steps=1"};
+  auto args = base;
+  args.insert(args.end(), {"data.train=" + d / "noval", "run.dir=" + run / "a"});
+  auto r = run_bin("trainer", args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("validation runs on its TRAIN split"), std::string::npos) << r.out;
+  auto vals = test::metrics_of_kind(run / "a/metrics.jsonl", "val");
+  ASSERT_EQ(vals.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(vals[0])["val_split"], "train");
+  args = base;
+  args.insert(args.end(), {"data.train=" + data(), "run.dir=" + run / "b"});
+  ASSERT_EQ(run_bin("trainer", args).exit_code, 0);
+  vals = test::metrics_of_kind(run / "b/metrics.jsonl", "val");
+  ASSERT_EQ(vals.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(vals[0])["val_split"], "val");
+  EXPECT_EQ(nlohmann::json::parse(vals[0])["val_data"], data());
+  ASSERT_EQ(run_bin("prep", {d / "c.txt", "--out", d / "sp", "--tokenizer", "sentencepiece", "--vocab-size", "300",
+                             "--quiet"}).exit_code, 0);
+  args = base;
+  args.insert(args.end(), {"data.train=" + data(), "data.val=" + d / "sp", "run.dir=" + run / "c"});
+  expect_bad_input(run_bin("trainer", args), "key 'data.val'");
+  EXPECT_FALSE(std::ifstream(run / "c/metrics.jsonl").good());
+}
+
+// MFU = this rank's matmul FLOPs / step time / peak, checked against the formula computed here
+// from the config alone: per token 6 * (12*L*d^2 + V*d) + 12*L*d*T (position embedding excluded,
+// tied head counted once), B*T real tokens per packed step, V the padded vocabulary (258 -> 320).
+TEST_F(TrainE2E, MfuIsMatmulFlopsOverStepTimeAgainstThePeak) {
+  TempDir run;
+  auto r = run_bin("trainer", {test::source_path("configs/tiny.yaml"), "data.train=" + data(), "run.dir=" + run.path(),
+                               "train.max_steps=4", "log.every_steps=1", "eval.batches=0", "log.peak_tflops=0.001"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const double L = 2, d = 64, T = 64, B = 8, V = 320, peak = 1e9;
+  const double step_flops = B * T * (6 * (12 * L * d * d + V * d) + 12 * L * d * T);
+  int n = 0;
+  for (auto& j : read_jsonl(run / "metrics.jsonl")) {
+    if (j["kind"] != "train") continue;
+    ++n;
+    const double want = 100.0 * step_flops / (j["step_ms"].get<double>() / 1e3) / peak;
+    EXPECT_NEAR(j["mfu_pct"].get<double>(), want, 1e-9 * want) << j.dump();
+  }
+  EXPECT_EQ(n, 4);
+  EXPECT_NE(r.out.find("not validation, checkpoint saves or logging"), std::string::npos) << r.out;
+  // On CPU without log.peak_tflops: against the SGEMM peak measured at start, labelled so.
+  TempDir cpu;
+  r = run_bin("trainer", {test::source_path("configs/tiny.yaml"), "data.train=" + data(), "run.dir=" + cpu.path(),
+                          "train.max_steps=2", "log.every_steps=1", "eval.batches=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("SGEMM peak measured at start on this machine"), std::string::npos) << r.out;
+  for (auto& j : read_jsonl(cpu / "metrics.jsonl"))
+    if (j["kind"] == "train") EXPECT_GT(j["mfu_pct"].get<double>(), 0.0) << j.dump();
+}
+
+// README's recipe reruns a sweep-named run (with '=' in its directory) started with one thread per
+// pool (set by environment, as bin/sweep does) from a plain shell, byte for byte: meta.json records
+// the numerics environment and the recipe replays it.
+TEST_F(TrainE2E, ReadmeRecipeReproducesASweepRunFromMetaJson) {
+  TempDir root;
+  const std::string run = root / "sweep/lr=3e-3_d_model=32", again = root / "rerun";
+  auto p = test::spawn_bin("trainer", {test::source_path("configs/tiny.yaml"), "data.train=" + data(), "run.dir=" + run,
+                                       "train.max_steps=6", "eval.batches=0", "optim.lr=3e-3", "model.d_model=32",
+                                       "train.threads=1"},
+                           root / "first.log", {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"});
+  ASSERT_EQ(test::wait_proc(p, 120), 0) << read_text(root / "first.log");
+  const auto meta = nlohmann::json::parse(read_text(run + "/meta.json"));
+  ASSERT_TRUE(meta.contains("numerics")) << meta.dump();
+  EXPECT_EQ(meta["numerics"]["env"]["OPENBLAS_NUM_THREADS"], "1");
+  EXPECT_EQ(meta["numerics"]["torch_intra_op_threads"], 1);
+  if (!meta["numerics"]["openblas"].is_null()) EXPECT_EQ(meta["numerics"]["openblas"]["threads"], 1);
+  // The README's line, verbatim but for the paths, from a shell without those variables.
+  test::write_text(root / "recipe.sh", R"(RUN=$1 NEW=$2
+env $(jq -r '.numerics.env | to_entries[] | "\(.key)=\(.value)"' "$RUN/meta.json") \
+  "$TRAINER" "$RUN/config.yaml" run.dir="$NEW"
+)");
+  const std::string recipe = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS TRAINER='" +
+                             test::bin_path("trainer") + "' bash '" + root.path() + "/recipe.sh' '" + run + "' '" + again + "'";
+  auto r = run_bin("/bin/bash", {"-c", recipe});
+  ASSERT_EQ(r.exit_code, 0) << recipe << "\n" << r.out;
+  EXPECT_EQ(read_text(run + "/model.safetensors"), read_text(again + "/model.safetensors"));
+  const auto meta2 = nlohmann::json::parse(read_text(again + "/meta.json"));
+  EXPECT_EQ(meta2["numerics"], meta["numerics"]);
+}
+
 }  // namespace
 }  // namespace lm

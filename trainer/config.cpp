@@ -236,7 +236,7 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights per step; 0 = off", 0, false, 1, true);
 
   s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = at the end; auto", 0);
-  s.number("checkpoint.mtbf_hours", &c.checkpoint.mtbf_hours, "MTBF for every_steps: auto", 0, true);
+  s.number("checkpoint.mtbf_hours", &c.checkpoint.mtbf_hours, "MTBF per node for every_steps: auto (the job's is this / nodes)", 0, true);
   s.integer("checkpoint.keep_last", &c.checkpoint.keep_last, "newest checkpoints kept; 0 = all", 0);
   s.integer("checkpoint.keep_every", &c.checkpoint.keep_every, "milestone steps never deleted; 0 = none", 0);
   s.text("checkpoint.resume", &c.checkpoint.resume, "auto | none | checkpoint directory");

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/compat.h"
+#include "common/errors.h"
 #include "common/log.h"
 #include "trainer/dist/process_group.h"
 
@@ -13,7 +14,14 @@ std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const 
                                              const torch::Device& device, int rank, int world) {
   if (cfg.eval.batches <= 0) return nullptr;
   data::Manifest m = cfg.data.val.empty() ? train : data::Manifest::load(cfg.data.val);
+  if (m.tokenizer.kind != train.tokenizer.kind || m.tokenizer.hash != train.tokenizer.hash)
+    throw ConfigError("key 'data.val': " + m.dir + " was tokenized with " + m.tokenizer.kind + " " + m.tokenizer.hash +
+                      ", data.train (" + train.dir + ") with " + train.tokenizer.kind + " " + train.tokenizer.hash +
+                      ": the losses would not be comparable");
   const std::string split = m.split_tokens("val") > 0 ? "val" : "train";
+  if (split == "train" && rank == 0 && m.split_tokens(split) > static_cast<uint64_t>(cfg.model.seq_len))
+    log::warn("no 'val' split in " + m.dir + ": validation runs on its TRAIN split (val_split: train in the "
+              "records; not a held-out loss). Prepare a val split or set data.val.");
   if (m.split_tokens(split) <= static_cast<uint64_t>(cfg.model.seq_len)) {
     if (rank == 0) log::warn("no validation data in " + m.dir + ": validation disabled");
     return nullptr;
@@ -23,7 +31,7 @@ std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const 
 
 Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split,
                      const torch::Device& device, int rank, int world)
-    : cfg_(cfg), manifest_(std::move(m)), device_(device), rank_(rank), world_(world),
+    : cfg_(cfg), manifest_(std::move(m)), split_(split), device_(device), rank_(rank), world_(world),
       bf16_(cfg.train.dtype == "bf16") {
   reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len);
 }

@@ -75,7 +75,8 @@ class Trainer {
         schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps) {
     open_data();
     open_run_dir();
-    ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_);
+    ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_,
+                                           std::max(1, world_ / std::max(1, launch_.local_world_size)));
     resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
     if (!resume_.dir.empty()) check_compatible(resume_, arch_json(cfg.model, vocab_), manifest_.data_version, cfg.checkpoint.force);
     if (rank_ == 0) {
@@ -177,10 +178,10 @@ class Trainer {
     rng_.seed_rank(seed, rank_);  // each rank's own dropout stream
     const int64_t n = model_->num_params();
     params_ = n;
-    flops_per_token_ = flops_per_token(cfg_.model, n);
+    flops_per_token_ = matmul_flops_per_token(cfg_.model, vocab_, cfg_.model.seq_len);
     log::info(strf("model: gpt, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token "
-                   "(6N + 12*L*d*T, N=%lld)", (long long)n, n / 1e6, (long long)vocab_, (long long)data_vocab_,
-                   flops_per_token_, (long long)n));
+                   "(matmuls at T=%lld)", (long long)n, n / 1e6, (long long)vocab_, (long long)data_vocab_,
+                   flops_per_token_, (long long)cfg_.model.seq_len));
     log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s, %s mode, %lld samples/epoch",
                    manifest_.dir.c_str(), (unsigned long long)manifest_.split_tokens("train"),
                    manifest_.data_version.c_str(), manifest_.tokenizer.kind.c_str(), cfg_.data.mode.c_str(),
@@ -246,10 +247,13 @@ class Trainer {
   void start_telemetry(const std::string& command) {
     const GpuInfo gpu = gpu_info(device_);
     if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
-    const double peak = cfg_.log.peak_tflops > 0 ? cfg_.log.peak_tflops : builtin_peak_tflops(gpu.model, cfg_.train.dtype);
-    peak_flops_ = peak * 1e12;
-    log::info(peak_flops_ > 0 ? strf("MFU against %.0f TFLOP/s per device", peak)
-                              : std::string("MFU unknown: no peak for this device (set log.peak_tflops)"));
+    const auto [peak, source] = mfu_peak(cfg_.log.peak_tflops, gpu.model, cfg_.train.dtype, device_);
+    peak_flops_ = peak;
+    log::info(peak_flops_ <= 0 ? "MFU unknown: no peak for " + gpu.model + " (set log.peak_tflops)"
+                               : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
+                                      "over the steps' wall time (data wait, upload, forward, backward, all-reduce, "
+                                      "clipping, optimizer and EMA; not validation, checkpoint saves or logging)",
+                                      peak / 1e12, source.c_str()));
     if (rank_ == 0) {
       MetricsSink::Options mo;
       mo.run_dir = cfg_.run.dir;
@@ -287,7 +291,7 @@ class Trainer {
     torch::Tensor stats;
     s->mine = forward_backward(batches, &stats);
     s->step = step_ + 1, s->lr = schedule_.at(step_);
-    if (deferred_) opt_->step(s->lr, stats.isfinite().all().logical_not().to(torch::kFloat));
+    if (deferred_) ckpt_->wait_snapshot(), opt_->step(s->lr, stats.isfinite().all().logical_not().to(torch::kFloat));
     s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
     if (auto prev = std::move(pending_)) settle(*prev, prev->kept);  // done, or nearly, by now
     s->mine.stop = g_stop_signal.load() != 0;
@@ -318,11 +322,12 @@ class Trainer {
     const std::string anomaly = detector_.check(s.step, all.loss, gnorm);
     if (!anomaly.empty()) record_anomaly(s.step, anomaly, all.loss, gnorm, s.lr, batches);
     if (!deferred_ && (anomaly.empty() || (cfg_.anomaly.action == "continue" && std::isfinite(all.loss) && std::isfinite(gnorm)))) {
+      ckpt_->wait_snapshot();  // an async save's staging copy of the state is complete
       opt_->step(s.lr);
       if (ema_) ema_->update();
     }
     if (step_ < s.step) profiler_->after_step(++step_);  // read at once: counted here
-    record_step(s.step, all, s.seconds >= 0 ? s.seconds : seconds_since(s.t0), s.lr, gnorm);
+    record_step(s.step, all, s.seconds >= 0 ? s.seconds : seconds_since(s.t0), s.lr, gnorm, s.mine.flops);
     return {anomaly, all};
   }
 
@@ -340,6 +345,8 @@ class Trainer {
       mine.targets += batches[m].target_tokens;
       mine.pad += batches[m].pad_tokens;
       mine.inputs += batches[m].rows * batches[m].cols;
+      mine.flops += static_cast<double>(batches[m].rows * batches[m].cols - batches[m].pad_tokens) *
+                    matmul_flops_per_token(cfg_.model, vocab_, batches[m].cols);  // real tokens at this length
       hashes.push_back(batches[m].hash);
     }
     mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
@@ -364,9 +371,10 @@ class Trainer {
   }
 
   // The step's totals into the training log; a "train" record every log.every_steps steps.
-  void record_step(int64_t step, const GlobalStats& all, double step_s, double lr, double gnorm) {
+  void record_step(int64_t step, const GlobalStats& all, double step_s, double lr, double gnorm, double flops) {
     tokens_ += all.targets;
-    train_log_.add({all.loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, step > start_step_ + 1});
+    ckpt_->step_done(step_s);  // measures an in-flight save's real stall
+    train_log_.add({all.loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, flops, step > start_step_ + 1});
     window_nonfinite_ |= !std::isfinite(all.loss);
     if (step == start_step_ + 1 && !resume_.dir.empty() && metrics_)
       metrics_->write({{records::kKind, records::kResume}, {records::kStep, step}, {records::kCheckpointDir, resume_.dir},
@@ -414,9 +422,9 @@ class Trainer {
                           {r::kTokensPerSRank, w.tokens_per_s / world_}, {r::kStepMs, w.step_ms},
                           {r::kDataWaitMs, w.wait_ms}, {r::kDataWaitPct, w.wait_pct}, {r::kMemMb, memory_mb(device_)},
                           {r::kTokens, tokens_}, {r::kEpoch, epoch()}, {r::kBatchHash, hex64(batch_hash_)}};
-    // MFU: model FLOPs per token x tokens/s per device over the device's peak; unknown without a peak.
-    rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * flops_per_token_ * w.tokens_per_s / world_ / peak_flops_)
-                                      : nlohmann::json(nullptr);
+    // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
+    // (start_telemetry says which); unknown without one.
+    rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * w.flops_per_s / peak_flops_) : nlohmann::json(nullptr);
     if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
     metrics_->write(std::move(rec));
   }
@@ -442,8 +450,10 @@ class Trainer {
 
   // The validation loss (and, with EMA, the EMA weights' loss) as a "val" record.
   void evaluate() {
-    nlohmann::json rec = {{records::kKind, records::kVal}, {records::kStep, step_}};
+    nlohmann::json rec = {{records::kKind, records::kVal}, {records::kStep, step_}, {records::kValData, eval_->dir()},
+                          {records::kValSplit, eval_->split()}};
     const double loss = eval_->mean_loss(model_, comm_.get());
+    ckpt_->wait_snapshot();  // the EMA weights are swapped into the model below
     rec[records::kValLoss] = loss;
     rec[records::kTime] = unix_now();
     if (ema_) rec[records::kValLossEma] = ema_->with_weights([&] { return eval_->mean_loss(model_, comm_.get()); });
@@ -553,10 +563,6 @@ class Trainer {
   std::unique_ptr<StepResult> pending_;  // deferred_: the queued step not yet read
 };
 
-const char* kUsage =
-    "usage: trainer CONFIG.yaml [dotted.key=value ...]\n"
-    "  Trains the experiment described by CONFIG.yaml; overrides beat the file.\n";
-
 }  // namespace
 
 TrainSummary train(const ExperimentConfig& cfg, const std::string& command) {
@@ -572,28 +578,6 @@ TrainSummary train(const ExperimentConfig& cfg, const std::string& command) {
     t.finish(kExitFailure, e.what());
     throw;
   }
-}
-
-int trainer_cli(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
-    std::fputs(kUsage, stdout);
-    return kExitOk;
-  }
-  if (args.empty()) throw UsageError("missing CONFIG.yaml (usage: trainer CONFIG.yaml [dotted.key=value ...])");
-  if (args[0].find('=') != std::string::npos || (!args[0].empty() && args[0][0] == '-'))
-    throw UsageError("the first argument must be the config file, got '" + args[0] + "'");
-  std::vector<std::string> overrides;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i].find('=') == std::string::npos)
-      throw UsageError("argument '" + args[i] + "' is not a dotted.key=value override");
-    overrides.push_back(args[i]);
-  }
-  auto cfg = load_config(args[0], overrides);
-  std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-  train(cfg, command);
-  return kExitOk;
 }
 
 }  // namespace lm

@@ -3,13 +3,13 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -44,12 +44,10 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 }
 
 // Writes this rank's files of checkpoint `step` and, on rank 0, commits it. Returns "" or an
-// error. No exceptions escape and nothing is logged: it also runs in a forked child.
-// kill (fault injection): SIGKILL `also` (the trainer, when this is its forked writer; 0 = none)
-// and this process right after the first file is written.
+// error. No exceptions escape and nothing is logged: it also runs on the writer thread.
+// kill (fault injection): SIGKILL this process right after the first file is written.
 std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank, int world,
-                             const std::vector<files::FilePlan>& plans, double timeout_s, bool kill,
-                             pid_t also = 0) {
+                             const std::vector<files::FilePlan>& plans, double timeout_s, bool kill) {
   try {
     const std::string tmp = ckpt_dir + "/" + step_name(step) + ".tmp", final_dir = ckpt_dir + "/" + step_name(step);
     std::error_code ec;
@@ -61,10 +59,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
       std::string err = files::write_plan(tmp, plans[i], &wf);
       if (!err.empty()) return err;
       mine.push_back({{"name", wf.name}, {"bytes", wf.bytes}, {"xxh64", hex64(wf.xxh64)}});
-      if (kill && i == 0) {
-        if (also > 0) ::kill(also, SIGKILL);
-        ::raise(SIGKILL);
-      }
+      if (kill && i == 0) ::raise(SIGKILL);
     }
     files::FilePlan done{"rank_" + std::to_string(rank) + ".done", mine.dump(), {}};
     if (auto err = files::write_plan(tmp, done, nullptr); !err.empty()) return err;
@@ -99,14 +94,27 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
 
 }  // namespace
 
-// The save in flight: a waiter thread (async) and what it must keep alive.
+// The save in flight: the writer thread, the staging copies it makes first, and its outcome.
 struct Checkpointer::InFlight {
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t n;
+  };
   std::thread thread;
-  std::vector<torch::Tensor> keep;
+  std::vector<torch::Tensor> keep;  // the sources of `copies` and the buffer views the plans use
+  std::vector<Copy> copies;         // CPU state into the buffer, made by the writer thread
+  std::mutex mu;
+  std::condition_variable cv;
+  bool staged = false;              // copies made: the live state may change (guarded by mu)
+  std::atomic<bool> done{false};    // the writer finished; report.error and write_ms are set
+  SaveReport report;
+  double fence_s = 0;               // time wait_snapshot() waited for the copies
 };
 
-Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world)
-    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), rank_(rank), world_(world), interval_(cfg, rank == 0) {
+Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
+    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), rank_(rank), world_(world),
+      interval_(cfg, rank == 0, nodes) {
   files::make_dirs(ckpt_dir_);
   if (rank_ == 0) {
     std::error_code ec;
@@ -123,21 +131,46 @@ Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_d
 Checkpointer::~Checkpointer() { wait(); }
 
 void Checkpointer::wait() {
-  if (inflight_ && inflight_->thread.joinable()) inflight_->thread.join();
+  if (!inflight_) return;
+  const auto t0 = Clock::now();
+  inflight_->thread.join();
+  settle(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
+}
+
+void Checkpointer::wait_snapshot() {
+  if (!inflight_) return;
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(inflight_->mu);
+  inflight_->cv.wait(lock, [this] { return inflight_->staged; });
+  inflight_->fence_s += ms_since(t0) / 1e3;
+}
+
+void Checkpointer::step_done(double step_s) {
+  stall_.step(step_s, inflight_ != nullptr);
+  if (inflight_ && inflight_->done.load()) {
+    inflight_->thread.join();
+    settle(0);
+  }
+}
+
+// The in-flight save is over (its thread joined): its stall measured, its report recorded.
+// extra_s: time the loop waited for it outside any step.
+void Checkpointer::settle(double extra_s) {
+  SaveReport r = inflight_->report;
+  r.block_ms = r.call_ms + 1e3 * (stall_.take(inflight_->fence_s) + extra_s);
   inflight_.reset();
+  record(std::move(r));
 }
 
 void Checkpointer::record(SaveReport r) {
   if (r.error.empty() && rank_ == 0) {
-    interval_.record_cost((r.async ? r.block_ms : r.write_ms) / 1e3);
+    interval_.record_cost(r.block_ms / 1e3);
     prune();
   }
-  std::lock_guard<std::mutex> lock(mu_);
   done_.push_back(std::move(r));
 }
 
 std::vector<SaveReport> Checkpointer::finished() {
-  std::lock_guard<std::mutex> lock(mu_);
   std::vector<SaveReport> out;
   out.swap(done_);
   return out;
@@ -145,38 +178,25 @@ std::vector<SaveReport> Checkpointer::finished() {
 
 namespace {
 
-// Tensors copied to host memory (for a writer thread that must not see later device updates).
-NamedTensors to_host(const NamedTensors& ts) {
-  NamedTensors copy;
-  for (auto& [n, t] : ts) copy.emplace_back(n, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  return copy;
-}
-
-bool all_on_cpu(const CheckpointState& st) {
-  for (auto& [key, c] : st.replicated)
-    for (auto& [n, t] : c.tensors)
-      if (!t.is_cpu()) return false;
-  return true;
-}
-
 double plans_mb(const std::vector<files::FilePlan>& plans) {
   double mb = 0;
   for (auto& p : plans) mb += static_cast<double>(p.size()) / 1e6;
   return mb;
 }
 
+int64_t aligned64(int64_t n) { return (n + 63) / 64 * 64; }
+
 }  // namespace
 
 // This rank's files, as plans pointing into tensor memory (kept alive through *keep).
 std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep) {
-  const bool copy = cfg_.async && !all_on_cpu(st);  // async from the device: a host copy, now
   std::vector<files::FilePlan> plans;
   if (rank_ == 0) {
     nlohmann::json values = nlohmann::json::object(), tensor_files = nlohmann::json::object();
     for (auto& [key, c] : st.replicated) {
       values[key] = c.values;
       if (c.tensors.empty()) continue;
-      auto tp = plan_safetensors(key + ".safetensors", copy ? to_host(c.tensors) : c.tensors, {{"format", "pt"}});
+      auto tp = plan_safetensors(key + ".safetensors", c.tensors, {{"format", "pt"}});
       keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
       tensor_files[key] = tp.plan.name;
       plans.push_back(std::move(tp.plan));
@@ -196,73 +216,106 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
   return plans;
 }
 
+// `st` with every tensor replaced by its view in the staging buffer (grown when too small, pinned
+// when any tensor is on a CUDA device). Device tensors are copied now; CPU tensors are listed in
+// f->copies for the writer thread (their memory is read before the next update, see wait_snapshot).
+CheckpointState Checkpointer::stage(const CheckpointState& st, InFlight* f) {
+  int64_t total = 0;
+  bool cuda = false;
+  for (auto& [key, c] : st.replicated)
+    for (auto& [n, t] : c.tensors) total += aligned64(t.numel() * t.element_size()), cuda |= t.is_cuda();
+  if (!buffer_.defined() || buffer_.numel() < total || (cuda && !buffer_.is_pinned()))
+    buffer_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(cuda));
+  CheckpointState out = st;
+  int64_t off = 0;
+  for (auto& [key, c] : out.replicated)
+    for (auto& [n, t] : c.tensors) {
+      const int64_t bytes = t.numel() * t.element_size();
+      torch::Tensor view = buffer_.narrow(0, off, bytes).view(t.scalar_type()).view(t.sizes());
+      if (t.is_cuda()) {
+        view.copy_(t.detach());  // synchronous device-to-host into pinned memory
+      } else {
+        torch::Tensor src = t.detach().contiguous();
+        f->copies.push_back({view.data_ptr(), src.data_ptr(), static_cast<size_t>(bytes)});
+        f->keep.push_back(src);
+      }
+      f->keep.push_back(view);
+      t = view;
+      off += aligned64(bytes);
+    }
+  return out;
+}
+
 void Checkpointer::save(const CheckpointState& st) {
+  wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
-  wait();  // at most one in flight; waiting counts as blocked time
   const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");
   const bool kill = kill_env && std::atoll(kill_env) == st.step;
-  std::vector<torch::Tensor> keep;
-  const auto plans = plan_files(st, &keep);
-  const double mb = plans_mb(plans);
-  interval_.set_state_mb(mb);
   last_save_step_ = st.step;
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
-
   if (!cfg_.async) {
-    const auto w0 = Clock::now();
+    std::vector<torch::Tensor> keep;
+    const auto plans = plan_files(st, &keep);
+    const double mb = plans_mb(plans);
+    interval_.set_state_mb(mb);
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
-    SaveReport r{st.step, dir, false, 0, ms_since(w0), mb, err};
-    r.block_ms = ms_since(t0);
-    record(r);
+    const double ms = ms_since(t0);
+    record({st.step, dir, false, ms, ms, ms, mb, err});
     if (!err.empty() && cfg_.on_error == "stop") throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
     return;
   }
-  inflight_ = std::make_unique<InFlight>();
-  inflight_->keep = std::move(keep);
-  if (all_on_cpu(st)) {  // fork: the child sees a frozen copy-on-write snapshot
-    save_forked(plans, st.step, mb, kill, ms_since(t0));
+  if (std::getenv("LM_CKPT_FORK")) {  // TEMPORARY: the old design, for bench/ckpt_stall.sh's comparison
+    auto f = std::make_unique<InFlight>();
+    auto plans = plan_files(st, &f->keep);
+    f->report = {st.step, dir, true, 0, 0, 0, plans_mb(plans), ""};
+    f->staged = true;
+    InFlight* fl = f.get();
+    inflight_ = std::move(f);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
+      if (!err.empty() && ::write(fds[1], err.data(), err.size()) < 0) {}
+      ::_exit(err.empty() ? 0 : 1);
+    }
+    ::close(fds[1]);
+    fl->thread = std::thread([fl, pid, fd = fds[0]] {
+      const auto w0 = Clock::now();
+      char buf[512];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) fl->report.error.append(buf, static_cast<size_t>(n));
+      ::close(fd);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      fl->report.write_ms = ms_since(w0);
+      fl->done.store(true);
+    });
+    fl->report.call_ms = ms_since(t0);
     return;
   }
-  const double block = ms_since(t0);
-  const auto w0 = Clock::now();
-  inflight_->thread = std::thread([this, plans, dir, mb, block, w0, kill, step = st.step] {
-    std::string err = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
-    record({step, dir, true, block, ms_since(w0), mb, err});
+  auto f = std::make_unique<InFlight>();
+  const CheckpointState staged = stage(st, f.get());
+  auto plans = plan_files(staged, &f->keep);
+  const double mb = plans_mb(plans);
+  interval_.set_state_mb(mb);
+  f->report = {st.step, dir, true, 0, 0, 0, mb, ""};
+  InFlight* fl = f.get();
+  inflight_ = std::move(f);
+  fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
+    const auto w0 = Clock::now();
+    for (auto& c : fl->copies) std::memcpy(c.dst, c.src, c.n);
+    {
+      std::lock_guard<std::mutex> lock(fl->mu);
+      fl->staged = true;
+    }
+    fl->cv.notify_all();
+    fl->report.error = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
+    fl->report.write_ms = ms_since(w0);
+    fl->done.store(true);
   });
-}
-
-// Async on CPU: a forked child writes the plans from the copy-on-write snapshot and reports an
-// error through a pipe; a waiter thread records the outcome. block_ms: blocked time so far.
-void Checkpointer::save_forked(const std::vector<files::FilePlan>& plans, int64_t step, double mb, bool kill,
-                               double block_ms) {
-  const auto t0 = Clock::now();
-  const std::string dir = ckpt_dir_ + "/" + step_name(step);
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error("checkpoint: fork failed (" + std::string(std::strerror(errno)) + ")");
-  if (pid == 0) {  // child: write from the copy-on-write snapshot, report, exit
-    ::close(fds[0]);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    std::string err = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill, parent);
-    if (!err.empty() && ::write(fds[1], err.data(), err.size()) < 0) {}
-    ::_exit(err.empty() ? 0 : 1);
-  }
-  ::close(fds[1]);
-  const double block = block_ms + ms_since(t0);
-  inflight_->thread = std::thread([this, pid, fd = fds[0], dir, mb, block, t0, step] {
-    std::string err;
-    char buf[512];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) err.append(buf, static_cast<size_t>(n));
-    ::close(fd);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (err.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) err = "checkpoint writer process failed";
-    record({step, dir, true, block, ms_since(t0), mb, err});
-  });
+  fl->report.call_ms = ms_since(t0);
 }
 
 void Checkpointer::prune() {

@@ -9,9 +9,22 @@
 // Files are written into "step_<N>.tmp", fsync'd; rank 0 waits until every rank has finished its
 // files (rank_<r>.done markers on the shared file system), writes manifest.json, renames the
 // directory into place and fsyncs the parent. A directory without a verifying manifest is never a
-// checkpoint. Async saves on CPU fork() a child that writes from a copy-on-write snapshot (training
-// blocks only for the fork, as Redis' BGSAVE does); with CUDA tensors the state is first copied to
-// host memory and written by a thread. At most one save is in flight.
+// checkpoint.
+//
+// Async saves stage the tensors into one reusable host buffer (pinned when they live on a CUDA
+// device) and a writer thread writes the prepared plans from it with plain open/write/fsync/rename.
+// From CUDA the copy is made inside save(); from CPU memory the writer thread makes it while the
+// next step's forward and backward run, and wait_snapshot() (called by the loop before anything
+// the snapshot covers is updated) waits until it is done. At most one save is in flight. The buffer
+// is kept for the next save: host memory holds the state twice while async saves are on.
+// (A forked writer, as Redis' BGSAVE, was measured against this design on the same training loop
+// and stalled training longer: every page the next update writes is copied on write; see
+// bench/ckpt_stall.sh.)
+//
+// SaveReport::block_ms is the real stall (trainer/checkpoint/stall.h): the time save() blocked
+// plus, for an async save, the extra time of the steps that ran while it was in flight over steps
+// that ran without one. It is final once the loop has reported the step during which the writer
+// finished (step_done), and it is the cost checkpoint.every_steps: auto uses.
 //
 // A checkpoint of another format version is refused with CheckpointError (exit 2), also by
 // resume: auto, naming the directory and both versions.
@@ -31,6 +44,7 @@
 
 #include "trainer/checkpoint/checkpoint_config.h"
 #include "trainer/checkpoint/interval.h"
+#include "trainer/checkpoint/stall.h"
 #include "trainer/checkpoint/state.h"
 
 namespace lm {
@@ -43,7 +57,8 @@ struct SaveReport {
   int64_t step = 0;
   std::string dir;
   bool async = false;
-  double block_ms = 0;   // time the training thread was blocked by this save
+  double block_ms = 0;   // the real stall: save() plus the in-flight steps' extra time (see above)
+  double call_ms = 0;    // the save() call alone
   double write_ms = 0;   // time to write and commit the files
   double mb = 0;         // megabytes written by this rank
   std::string error;     // empty when it succeeded
@@ -51,8 +66,9 @@ struct SaveReport {
 
 class Checkpointer {
  public:
-  // Removes stale "*.tmp" directories (rank 0) from interrupted saves.
-  Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world_size);
+  // Removes stale "*.tmp" directories (rank 0) from interrupted saves. nodes: machines in the job
+  // (checkpoint.mtbf_hours is per node; see interval.h).
+  Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world_size, int nodes = 1);
   ~Checkpointer();  // waits for an in-flight save
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -61,9 +77,14 @@ class Checkpointer {
   // Async: returns once the snapshot is taken. Failures are reported through finished() (and
   // thrown here when synchronous and on_error is stop).
   void save(const CheckpointState& st);
-  // Reports of saves finished since the last call, oldest first.
+  // Reports of saves finished (and their stall measured) since the last call, oldest first.
   std::vector<SaveReport> finished();
   void wait();  // until no save is in flight
+  // REQUIRES: called before the loop updates anything the last snapshot holds (parameters,
+  // optimizer moments, EMA). Returns once the async save's staging copy is complete.
+  void wait_snapshot();
+  // The loop finished a step of step_s seconds (its whole time, wait_snapshot included).
+  void step_done(double step_s);
 
   // Whether a save is due after `step` optimizer steps (step_s: measured seconds per step, for
   // every_steps: auto; see interval.h).
@@ -89,7 +110,8 @@ class Checkpointer {
  private:
   struct InFlight;
   std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep);
-  void save_forked(const std::vector<files::FilePlan>& plans, int64_t step, double mb, bool kill, double block_ms);
+  CheckpointState stage(const CheckpointState& st, InFlight* f);
+  void settle(double fence_fallback_s);
   void record(SaveReport r);
   void prune();
 
@@ -97,8 +119,9 @@ class Checkpointer {
   std::string ckpt_dir_;
   int rank_, world_;
   std::unique_ptr<InFlight> inflight_;
-  std::mutex mu_;
   std::vector<SaveReport> done_;
+  torch::Tensor buffer_;  // the reusable staging buffer (uint8, host; pinned for CUDA state)
+  StallMeter stall_;
   SaveInterval interval_;
   int64_t last_save_step_ = 0;
 };

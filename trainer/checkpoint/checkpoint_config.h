@@ -8,7 +8,7 @@ namespace lm {
 
 struct CheckpointConfig {
   int64_t every_steps = 0;       // save every N steps; 0 = only at the end; -1 = "auto" (Young/Daly)
-  double mtbf_hours = 24.0;      // mean time between failures assumed by every_steps: auto
+  double mtbf_hours = 24.0;      // mean time between failures of ONE node (every_steps: auto); job: / nodes
   int64_t keep_last = 3;         // newest N checkpoints kept; 0 = keep all
   int64_t keep_every = 0;        // steps that are multiples of this are never deleted; 0 = none
   std::string resume = "auto";   // auto (newest valid in RUN_DIR) | none | a checkpoint directory

@@ -16,6 +16,7 @@ struct RankStats {
   bool stop = false;        // a stop signal arrived here
   bool save = false;        // rank 0: a checkpoint is due
   uint64_t hash = 0;        // this rank's batch hash
+  double flops = 0;         // matmul FLOPs of this rank's non-pad tokens (local: not gathered)
 };
 
 struct GlobalStats {

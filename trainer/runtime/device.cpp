@@ -1,10 +1,14 @@
 // Device-specific pieces (see device.h). CUDA code only where LibTorch has CUDA.
 #include "trainer/runtime/device.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "common/compat.h"
 #include "common/errors.h"
@@ -130,13 +134,44 @@ GpuInfo gpu_info(const torch::Device& device) {
 
 double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtype) {
   struct Peak {
-    const char* name;
-    double bf16, fp32;  // dense tensor-core bf16; fp32 via TF32 tensor cores
+    std::vector<const char*> all_of;  // every substring must be in the device name
+    double bf16, fp32;                // dense tensor-core bf16; fp32 via TF32 tensor cores
   };
-  static const Peak kPeaks[] = {{"H200", 989, 494}, {"H100", 989, 494}, {"A100", 312, 156}};
-  for (const auto& p : kPeaks)
-    if (gpu_model.find(p.name) != std::string::npos) return dtype == "bf16" ? p.bf16 : p.fp32;
-  return 0;
+  // Vendor datasheets, dense (no sparsity). The H100 comes in three boards whose peaks differ:
+  // SXM5 ("H100 80GB HBM3", "H100 SXM"), PCIe ("H100 PCIe") and NVL ("H100 NVL").
+  static const std::vector<Peak> kPeaks = {
+      {{"H200"}, 989, 494},         {{"H100", "SXM"}, 989, 494}, {{"H100", "HBM3"}, 989, 494},
+      {{"H100", "PCIe"}, 756, 378}, {{"H100", "NVL"}, 835, 418}, {{"A100"}, 312, 156}};
+  for (const auto& p : kPeaks) {
+    bool all = true;
+    for (const char* part : p.all_of) all = all && gpu_model.find(part) != std::string::npos;
+    if (all) return dtype == "bf16" ? p.bf16 : p.fp32;
+  }
+  return 0;  // unknown, including an H100 name that does not say which board
+}
+
+double measure_sgemm_flops(int64_t n, int reps) {
+  torch::NoGradGuard no_grad;
+  auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  torch::mm_out(c, a, b);  // warm-up: threads started, pages touched
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::mm_out(c, a, b);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / best;
+}
+
+std::pair<double, std::string> mfu_peak(double peak_tflops, const std::string& gpu_model, const std::string& dtype,
+                                        const torch::Device& device) {
+  if (peak_tflops > 0) return {peak_tflops * 1e12, "log.peak_tflops"};
+  if (device.is_cuda()) {
+    const double p = builtin_peak_tflops(gpu_model, dtype);
+    return {p * 1e12, "datasheet " + dtype + " peak of " + gpu_model};
+  }
+  return {measure_sgemm_flops(), "CPU: SGEMM peak measured at start on this machine (torch::mm 1024^3 fp32, best "
+                                 "of 3), not a vendor peak"};
 }
 
 torch::Tensor cuda_rng_state(const torch::Device& device) {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lm {
@@ -42,9 +43,18 @@ struct GpuInfo {
 };
 GpuInfo gpu_info(const torch::Device& device);
 
-// Dense peak TFLOP/s of one device for `dtype` ("bf16", "fp32") from a table of known GPUs
-// (H100, H200, A100), 0 when unknown (CPUs, other GPUs).
+// Dense peak TFLOP/s of one device for `dtype` ("bf16", "fp32") from a table of known GPUs, told
+// apart by board (H100 SXM, PCIe and NVL differ; H200; A100), 0 when unknown (CPUs, other GPUs,
+// an H100 whose name does not say the board).
 double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtype);
+// Best fp32 matmul FLOP/s of this machine as LibTorch computes it now (torch::mm of n x n, best of
+// reps after a warm-up), with the thread settings in effect.
+double measure_sgemm_flops(int64_t n = 1024, int reps = 3);
+// The MFU denominator in FLOP/s and where it comes from: log.peak_tflops when set (> 0); on CUDA the
+// datasheet table; on CPU, where no vendor peak exists, measure_sgemm_flops() at start (labelled
+// so). 0 when unknown.
+std::pair<double, std::string> mfu_peak(double peak_tflops, const std::string& gpu_model, const std::string& dtype,
+                                        const torch::Device& device);
 
 // The CUDA generator's state (what CUDA dropout draws from), as bytes; undefined tensor on CPU.
 torch::Tensor cuda_rng_state(const torch::Device& device);

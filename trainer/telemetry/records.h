@@ -44,6 +44,8 @@ constexpr const char* kMfuPct = "mfu_pct";
 constexpr const char* kPaddingPct = "padding_pct";
 constexpr const char* kValLoss = "val_loss";
 constexpr const char* kValLossEma = "val_loss_ema";
+constexpr const char* kValData = "val_data";
+constexpr const char* kValSplit = "val_split";
 constexpr const char* kDir = "dir";
 constexpr const char* kAsync = "async";
 constexpr const char* kCkptBlockMs = "ckpt_block_ms";
@@ -91,11 +93,13 @@ constexpr Field kFields[] = {
     {kMemMb, kTrain, "MB", "CUDA peak allocated memory, or the process RSS on CPU"},
     {kTokens, kTrain, "tokens", "target tokens trained on so far"},
     {kEpoch, kTrain, "", "epoch of the loader's cursor"},
-    {kMfuPct, kTrain, "%", "model FLOPs utilisation against the device peak; null when unknown"},
+    {kMfuPct, kTrain, "%", "matmul FLOPs / step time against the peak the log names (CPU: measured SGEMM); null when unknown"},
     {kPaddingPct, kTrain, "%", "bucketed mode: padded share of the window's input positions"},
     {kValLoss, kVal, "nats/token", "mean validation loss over eval.batches micro-batches"},
     {kValLossEma, kVal, "nats/token", "validation loss of the EMA weights"},
-    {kCkptBlockMs, kCheckpoint, "ms", "time the training thread was blocked by the save"},
+    {kValData, kVal, "", "the dataset directory the validation loss was computed on"},
+    {kValSplit, kVal, "", "its split: val, or train when the data has no val split (not a held-out loss)"},
+    {kCkptBlockMs, kCheckpoint, "ms", "real stall: the save call plus the in-flight steps' extra time"},
     {kCkptWriteMs, kCheckpoint, "ms", "time to write and commit the checkpoint"},
     {kCkptMb, kCheckpoint, "MB", "megabytes written by rank 0"},
     {kCkptMbPerS, kCheckpoint, "MB/s", "ckpt_mb / ckpt_write_ms"},

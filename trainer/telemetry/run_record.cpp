@@ -1,9 +1,15 @@
 // meta.json (see run_record.h).
 #include "trainer/telemetry/run_record.h"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -32,6 +38,46 @@ nlohmann::json host_info() {
     if (line.rfind("MemTotal:", 0) == 0) mem_gb = std::atof(line.c_str() + 9) / 1048576.0;
   return {{"hostname", host}, {"cpu_model", cpu}, {"cpu_cores", std::thread::hardware_concurrency()},
           {"memory_gb", static_cast<double>(static_cast<int64_t>(mem_gb * 10)) / 10}};
+}
+
+namespace {
+
+// Real paths of the loaded shared libraries whose file name contains `part` (e.g. "blas").
+int collect_library(struct dl_phdr_info* info, size_t, void* out) {
+  auto* libs = static_cast<std::vector<std::string>*>(out);
+  const char* name = info->dlpi_name;
+  if (name && std::strstr(name, "blas")) {
+    char real[PATH_MAX];
+    libs->push_back(::realpath(name, real) ? real : name);
+  }
+  return 0;
+}
+
+// OpenBLAS's own answers, found at run time (no link dependency; null when not OpenBLAS).
+nlohmann::json openblas_info() {
+  using Str = char* (*)();
+  using Int = int (*)();
+  auto config = reinterpret_cast<Str>(::dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  auto core = reinterpret_cast<Str>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  auto threads = reinterpret_cast<Int>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (!config || !core || !threads) return nullptr;
+  return {{"config", config()}, {"core", core()}, {"threads", threads()}};
+}
+
+}  // namespace
+
+nlohmann::json numerics_info() {
+  std::vector<std::string> libs;
+  ::dl_iterate_phdr(collect_library, &libs);
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    for (const char* prefix : {"OMP_", "MKL_", "OPENBLAS_", "GOTO_", "KMP_", "BLIS_", "VECLIB_", "ATEN_", "TORCH_"})
+      if (key.rfind(prefix, 0) == 0) env[key] = kv.substr(kv.find('=') + 1);
+  }
+  return {{"torch_intra_op_threads", at::get_num_threads()}, {"torch_inter_op_threads", at::get_num_interop_threads()},
+          {"blas_libraries", libs}, {"openblas", openblas_info()}, {"env", env}};
 }
 
 std::string utc_now() {
@@ -91,6 +137,7 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"host", host_info()},
           {"gpu", gpu},
           {"libtorch", compat::torch_version()},
+          {"numerics", numerics_info()},
           {"world_size", f.world_size},
           {"launch", f.launch},
           {"model", {{"params", f.params}, {"flops_per_token", f.flops_per_token}}}};

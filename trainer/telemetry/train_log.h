@@ -16,11 +16,13 @@ class TrainLog {
     double seconds = 0;    // wall time of the step
     double wait_ms = 0;    // the slowest rank's wait for data
     int64_t targets = 0, pad = 0, inputs = 0;
+    double flops = 0;      // this rank's matmul FLOPs (models/gpt.h matmul_flops_per_token)
     bool timed = true;     // counts toward the run's tokens/s (not the first step of a process)
   };
   // The closed window's means.
   struct Window {
     double loss = 0, tokens_per_s = 0, step_ms = 0, wait_ms = 0, wait_pct = 0, padding_pct = 0;
+    double flops_per_s = 0;  // this rank's matmul FLOPs over the window's summed step time
   };
 
   void add(const Step& s);
@@ -35,7 +37,7 @@ class TrainLog {
   void load_state(const ComponentState& st);
 
  private:
-  double loss_ = 0, time_ = 0, wait_ = 0, tokens_ = 0, pad_ = 0, inputs_ = 0;  // window
+  double loss_ = 0, time_ = 0, wait_ = 0, tokens_ = 0, pad_ = 0, inputs_ = 0, flops_ = 0;  // window
   int64_t steps_ = 0;
   double first_loss_ = -1, last_loss_ = 0, timed_tokens_ = 0, timed_s_ = 0;  // whole run
   double run_pad_ = 0, run_inputs_ = 0;

@@ -1,0 +1,229 @@
+// ckpt_stall: the real stall of a checkpoint save inside a training loop, not the time of the
+// save() call. A GPT (default GPT-2 124M: parameters + AdamW moments = 1.5 GB of state, + 0.5 GB
+// with --ema) trains on random tokens exactly as trainer/train.cpp steps it (wait_snapshot before
+// the update, step_done after the step). Rounds alternate the save modes in rotating order; each
+// round runs --clean steps with no save, then a save, then steps until the save is over and one
+// more. The stall of a save = its save() call + the extra time of the steps after it over the
+// round's median step without a save.
+//
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,fork] [--ema] [--layers L] [--seq T]
+// prints one JSON line per save and a summary line (medians over rounds):
+//   <mode>_stall_ms        measured stall (sync: the whole save)
+//   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
+//   <mode>_peak_mb         peak PSS of this process plus its children during the save (the fork's
+//                          copy-on-write pages and the staging buffer both show here)
+//   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
+// Mode "fork" sets LM_CKPT_FORK (the previous design, kept only for this comparison).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/files.h"
+#include "models/gpt.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/state.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/ema.h"
+#include "trainer/runtime/host_allocator.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Pss (kB) of one process, 0 when it is gone.
+double pss_kb(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/smaps_rollup");
+  std::string key;
+  double kb = 0;
+  while (in >> key) {
+    if (key == "Pss:") {
+      in >> kb;
+      return kb;
+    }
+    std::getline(in, key);
+  }
+  return 0;
+}
+
+// Pss of this process and its direct children, in MB.
+double tree_pss_mb() {
+  double kb = pss_kb("self");
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (auto* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/children");
+      std::string pid;
+      while (in >> pid) kb += pss_kb(pid);
+    }
+    ::closedir(d);
+  }
+  return kb / 1024.0;
+}
+
+// Samples tree_pss_mb() every 25 ms while on; peak() since the last reset.
+class PeakSampler {
+ public:
+  PeakSampler() : thread_([this] {
+      while (!stop_) {
+        if (on_) peak_ = std::max(peak_.load(), tree_pss_mb());
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      }
+    }) {}
+  ~PeakSampler() { stop_ = true, thread_.join(); }
+  void start() { peak_ = tree_pss_mb(), on_ = true; }
+  double stop() { on_ = false; return std::max(peak_.load(), tree_pss_mb()); }
+
+ private:
+  std::atomic<bool> stop_{false}, on_{false};
+  std::atomic<double> peak_{0};
+  std::thread thread_;
+};
+
+struct Model {
+  lm::GPT gpt{nullptr};
+  std::unique_ptr<lm::FlatParams> flat;
+  std::unique_ptr<lm::AdamW> opt;
+  std::unique_ptr<lm::Ema> ema;
+  torch::Tensor x, y;
+  lm::StateRegistry registry;
+};
+
+// One training step as the trainer takes it; its seconds.
+double step(Model& m, lm::Checkpointer* ck) {
+  const auto t0 = Clock::now();
+  m.flat->zero_grad();
+  m.gpt->loss_sum(m.x, m.y).div(m.x.numel()).backward();
+  lm::clip_grad_norm(*m.flat, 1.0);
+  ck->wait_snapshot();
+  m.opt->step(1e-4);
+  if (m.ema) m.ema->update();
+  const double s = ms_since(t0) / 1e3;
+  ck->step_done(s);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return lm::run_main("ckpt_stall", [&] {
+    CLI::App app{"real stall of checkpoint saves in a training loop"};
+    std::string dir, modes_arg = "sync,thread,fork";
+    int rounds = 4, clean = 2, layers = 12, seq = 64;
+    bool ema = false;
+    app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
+    app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
+    app.add_option("--clean", clean, "steps without a save before each save");
+    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, fork");
+    app.add_option("--layers", layers, "GPT-2 layers (d 768)");
+    app.add_option("--seq", seq, "tokens per step (batch 1)");
+    app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e);
+      throw lm::UsageError(e.what());
+    }
+    std::vector<std::string> modes;
+    std::stringstream ss(modes_arg);
+    for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
+    lm::install_caching_host_allocator();
+    lm::ModelConfig mc;
+    mc.n_layer = layers, mc.n_head = 12, mc.d_model = 768, mc.seq_len = seq;
+    torch::manual_seed(0);
+    Model m;
+    m.gpt = lm::GPT(mc, lm::padded_vocab(mc, 50257));
+    m.flat = std::make_unique<lm::FlatParams>(*m.gpt);
+    m.opt = std::make_unique<lm::AdamW>(*m.flat, lm::OptimConfig{});
+    if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
+    m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
+    using Scope = lm::StateRegistry::Scope;
+    m.registry.add(lm::state_key::kModel, Scope::kReplicated,
+                   [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
+    m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
+                   [](const lm::ComponentState*) {});
+    if (ema)
+      m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
+                     [](const lm::ComponentState*) {});
+    std::map<std::string, std::unique_ptr<lm::Checkpointer>> cks;
+    for (auto& mode : modes) {
+      lm::CheckpointConfig cc;
+      cc.async = mode != "sync", cc.keep_last = 1;
+      lm::files::remove_all(dir + "/" + mode);
+      cks[mode] = std::make_unique<lm::Checkpointer>(cc, dir + "/" + mode, 0, 1);
+    }
+    PeakSampler sampler;
+    std::map<std::string, std::vector<double>> stall, reported, peak;
+    double state_mb = 0, base_mb = 0;
+    std::vector<double> all_clean;
+    for (int w = 0; w < 2; ++w) step(m, cks[modes[0]].get());  // warm-up
+    int64_t n = 0;
+    for (int r = 0; r < rounds; ++r) {
+      std::map<std::string, std::vector<double>> after;
+      std::map<std::string, double> call_ms;
+      std::vector<double> clean_s;
+      for (size_t i = 0; i < modes.size(); ++i) {
+        const std::string& mode = modes[(i + r) % modes.size()];
+        lm::Checkpointer* ck = cks[mode].get();
+        if (mode == "fork") ::setenv("LM_CKPT_FORK", "1", 1); else ::unsetenv("LM_CKPT_FORK");
+        for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck));
+        base_mb = tree_pss_mb();
+        sampler.start();
+        const auto t0 = Clock::now();
+        ck->save(m.registry.snapshot(++n, nlohmann::json::object()));
+        call_ms[mode] = ms_since(t0);
+        std::vector<lm::SaveReport> reps;
+        for (int extra = 1; extra > 0;) {  // steps until the save is over, then one more
+          after[mode].push_back(step(m, ck));
+          for (auto& rep : ck->finished()) reps.push_back(rep);
+          if (!reps.empty()) --extra;
+        }
+        peak[mode].push_back(sampler.stop() - base_mb);
+        if (reps.empty() || !reps[0].error.empty()) throw lm::Error(mode + " save failed: " + (reps.empty() ? "" : reps[0].error));
+        reported[mode].push_back(reps[0].block_ms);
+        state_mb = reps[0].mb;
+      }
+      const double base_s = median(clean_s);
+      all_clean.insert(all_clean.end(), clean_s.begin(), clean_s.end());
+      for (auto& [mode, steps] : after) {
+        double extra_ms = 0;
+        for (double s : steps) extra_ms += 1e3 * (s - base_s);
+        stall[mode].push_back(call_ms[mode] + std::max(0.0, extra_ms));
+        std::cout << nlohmann::json{{"round", r}, {"mode", mode}, {"call_ms", call_ms[mode]},
+                                    {"after_steps_s", steps}, {"base_step_ms", 1e3 * base_s},
+                                    {"stall_ms", stall[mode].back()}, {"reported_ms", reported[mode].back()},
+                                    {"peak_extra_mb", peak[mode].back()}}.dump() << std::endl;
+      }
+    }
+    nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", 1e3 * median(all_clean)},
+                          {"rss_mb_before_save", base_mb}};
+    const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
+    for (auto& mode : modes) {
+      out[mode + "_stall_ms"] = median(stall[mode]);
+      out[mode + "_reported_ms"] = median(reported[mode]);
+      out[mode + "_peak_extra_mb"] = median(peak[mode]);
+      if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
+    }
+    for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
+    std::cout << out.dump() << std::endl;
+    return 0;
+  });
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The real stall of checkpoint saves in a training loop (bench/ckpt_stall.cpp): GPT-2 124M on CPU,
+# parameters + AdamW moments = 1.5 GB of state, side by side in one run: the synchronous save (the
+# peer), the async save as the trainer does it (staged copy + writer thread) and, while it is still
+# in the tree for this comparison, the forked writer. Goal: the async stall <= 5% of the sync save.
+# usage: bench/ckpt_stall.sh [DIR] [extra ckpt_stall flags, e.g. --rounds 6 --ema]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE=${1:-/tmp}
+shift || true
+[ -x build/bin/ckpt_stall ] || ninja -C build ckpt_stall >&2
+WORK=$(mktemp -d "$BASE/lmstall.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
+build/bin/ckpt_stall --dir "$WORK" "$@" | tee "$WORK/out.jsonl" >&2
+tail -n 1 "$WORK/out.jsonl" | /usr/bin/python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+print("state %.0f MB, step %.0f ms (median without a save)" % (o["state_mb"], o["step_ms"]))
+print("%-7s %12s %12s %12s %14s" % ("mode", "stall ms", "% of sync", "reported ms", "peak extra MB"))
+for m in ("sync", "thread", "fork"):
+    if m + "_stall_ms" in o:
+        print("%-7s %12.0f %12.1f %12.0f %14.0f" % (m, o[m + "_stall_ms"], o.get(m + "_pct_of_sync", 0),
+              o[m + "_reported_ms"], o[m + "_peak_extra_mb"]))
+'
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The CPU step against the machine's matmul roof: the trainer's achieved matmul FLOP/s on the kjv
+# config shape (4 layers, d 256, T 128, batch 16, vocab 4096; bytes-tokenized Bible, vocabulary
+# padded to 4096), next to the SGEMM FLOP/s measured on the same machine in the same run (LibTorch
+# torch.mm of 2048^3 fp32 through /usr/bin/python3, same OpenBLAS, best of 5, before and after the
+# trainer) and the trainer's own 1024^3 measurement at start (its CPU MFU denominator).
+# Achieved = mfu_pct x the trainer's peak = matmul FLOPs of the real tokens / step time, over the
+# second half of the steps (the first window holds the warm-up step).
+# usage: bench/roofline.sh [--steps N] [extra trainer overrides...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=40
+[ "${1:-}" = "--steps" ] && { STEPS=$2; shift 2; }
+[ -x build/bin/trainer ] || bash launch/build.sh trainer prep >&2
+WORK=$(mktemp -d /tmp/lmroof.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.txt"
+else for i in $(seq 20000); do echo "in the beginning god created the heaven and the earth $i"; done > "$WORK/corpus.txt"; fi
+build/bin/prep "$WORK/corpus.txt" --out "$WORK/data" --tokenizer bytes --quiet >&2
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
+sgemm() {
+  /usr/bin/python3 -c '
+import time, torch
+n = 2048; a, b = torch.randn(n, n), torch.randn(n, n); c = torch.mm(a, b); best = 1e9
+for _ in range(5):
+    t = time.perf_counter(); torch.mm(a, b, out=c); best = min(best, time.perf_counter() - t)
+print(2 * n ** 3 / best)'
+}
+s1=$(sgemm)
+build/bin/trainer configs/kjv.yaml "run.dir=$WORK/run" "data.train=$WORK/data" model.vocab_size=4096 \
+  "train.max_steps=$STEPS" "log.every_steps=$((STEPS / 2))" eval.batches=0 log.tensorboard=false "$@" > "$WORK/out.txt" 2>&1
+s2=$(sgemm)
+/usr/bin/python3 - "$WORK" "$s1" "$s2" <<'PY'
+import json, re, sys
+work, s1, s2 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+out = open(work + "/out.txt").read()
+peak = float(re.search(r"MFU against ([0-9.e+]+) TFLOP/s", out).group(1)) * 1e12
+rec = [json.loads(l) for l in open(work + "/run/metrics.jsonl") if '"kind":"train"' in l][-1]
+achieved = rec["mfu_pct"] / 100 * peak
+roof = max(s1, s2)
+print(json.dumps({"trainer_matmul_gflops": round(achieved / 1e9, 1), "sgemm_2048_gflops": round(roof / 1e9, 1),
+                  "sgemm_2048_before_after": [round(s1 / 1e9, 1), round(s2 / 1e9, 1)],
+                  "trainer_start_sgemm_1024_gflops": round(peak / 1e9, 1),
+                  "achieved_over_sgemm_2048": round(achieved / roof, 3), "trainer_mfu_pct_logged": round(rec["mfu_pct"], 1),
+                  "step_ms": rec["step_ms"], "tokens_per_s": rec["tokens_per_s"]}))
+PY
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -1,0 +1,52 @@
+// The trainer's command line (see cli.h).
+#include "trainer/cli.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+namespace lm {
+namespace {
+
+const char* kUsage =
+    "usage: trainer CONFIG.yaml [dotted.key=value ...]\n"
+    "  Trains the experiment described by CONFIG.yaml; overrides beat the file.\n";
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+int trainer_cli(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (args.empty()) throw UsageError("missing CONFIG.yaml (usage: trainer CONFIG.yaml [dotted.key=value ...])");
+  // A run directory may have '=' in its name (a sweep names runs after the swept values): an
+  // existing file is the config, whatever its name.
+  if (!is_file(args[0]) && (args[0].find('=') != std::string::npos || (!args[0].empty() && args[0][0] == '-')))
+    throw UsageError("the first argument must be the config file, got '" + args[0] + "'");
+  std::vector<std::string> overrides;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i].find('=') == std::string::npos)
+      throw UsageError("argument '" + args[i] + "' is not a dotted.key=value override");
+    overrides.push_back(args[i]);
+  }
+  auto cfg = load_config(args[0], overrides);
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  train(cfg, command);
+  return kExitOk;
+}
+
+}  // namespace lm
