@@ -10,6 +10,14 @@ namespace lm {
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout_p, bool train) {
+  if (k.size(-2) != q.size(-2)) {  // the last T of S positions (a KV cache): mask offset by S - T
+    const int64_t T = q.size(-2), S = k.size(-2);
+    auto att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(q.size(-1)))), k.transpose(-2, -1));
+    if (T > 1)
+      att.masked_fill_(torch::ones({T, S}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(S - T + 1),
+                       -std::numeric_limits<float>::infinity());
+    return torch::matmul(torch::softmax(att, -1), v);
+  }
   if constexpr (compat::kHasSdpa) return compat::sdpa_causal(q, k, v, train ? dropout_p : 0.0);
   const int64_t T = q.size(-2);
   thread_local torch::Tensor mask;  // (T, T) true above the diagonal

@@ -6,7 +6,8 @@
 
 namespace lm {
 
-// Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd).
+// Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd). With k, v of S > T positions
+// (a KV cache), q holds the last T of them (plain kernel, no dropout).
 // LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
 // 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v, with the scale folded into q and a
 // cached mask. dropout_p applies to the attention weights, only when `train`.

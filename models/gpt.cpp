@@ -18,19 +18,20 @@ BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout
   fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t layer) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
   auto parts = qkv->forward(ln1->forward(x)).split(C, 2);  // 3 x (B, T, C)
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
-  auto y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), dropout,
-                                    is_training());                      // (B, H, T, hd)
+  auto k = heads(parts[1]), v = heads(parts[2]);
+  if (cache) std::tie(k, v) = cache_append(cache, layer, k, v);
+  auto y = causal_attention(heads(parts[0]), k, v, dropout, is_training());  // (B, H, T, hd)
   y = proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));     // (B, T, C)
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
   auto m = fc2->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
 }
 
-GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size) : cfg(c), vocab(vocab_size) {
+GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size) : LMImpl(c, vocab_size) {
   wte = register_module("wte", torch::nn::Embedding(vocab_size, c.d_model));
   wpe = register_module("wpe", torch::nn::Embedding(c.seq_len, c.d_model));
   blocks = register_module("blocks", torch::nn::ModuleList());
@@ -56,47 +57,15 @@ void GPTImpl::init_weights() {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
-  const int64_t T = idx.size(1);
-  TORCH_CHECK(T <= cfg.seq_len, "sequence of ", T, " tokens exceeds model.seq_len=", cfg.seq_len);
-  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, KVCache* cache) {
+  const int64_t T = idx.size(1), P = cache ? cache->pos : 0;
+  TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
+  auto pos = torch::arange(P, P + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte->forward(idx) + wpe->forward(pos);  // (B, T, C)
   if (cfg.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(cfg.dropout).training(is_training()));
-  for (const auto& b : *blocks) x = b->as<Block>()->forward(x);
+  for (size_t i = 0; i < blocks->size(); ++i) x = blocks[i]->as<Block>()->forward(x, cache, i);
+  if (cache) cache->pos += T;
   return F::linear(lnf->forward(x), wte->weight);  // tied head: (B, T, V)
-}
-
-namespace {
-torch::Tensor lm_loss(GPTImpl& m, const torch::Tensor& idx, const torch::Tensor& targets,
-                      F::CrossEntropyFuncOptions::reduction_t reduction) {
-  auto logits = m.forward(idx);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(reduction));
-}
-}  // namespace
-
-torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return lm_loss(*this, idx, targets, torch::kMean);
-}
-
-torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return lm_loss(*this, idx, targets, torch::kSum);
-}
-
-int64_t GPTImpl::num_params() const {
-  int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
-  return n;
-}
-
-int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab) {
-  int64_t v = c.vocab_size > 0 ? c.vocab_size : data_vocab;
-  return (v + c.vocab_multiple - 1) / c.vocab_multiple * c.vocab_multiple;
-}
-
-double matmul_flops_per_token(const ModelConfig& c, int64_t vocab, int64_t context) {
-  const double L = static_cast<double>(c.n_layer), d = static_cast<double>(c.d_model);
-  return 6.0 * (12.0 * L * d * d + static_cast<double>(vocab) * d) + 12.0 * L * d * static_cast<double>(context);
 }
 
 }  // namespace lm

@@ -9,14 +9,16 @@
 
 #include <torch/torch.h>
 
+#include "models/lm.h"
 #include "models/model_config.h"
+#include "models/registry.h"
 
 namespace lm {
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelConfig& c);
-  // x: (B, T, C) -> (B, T, C)
-  torch::Tensor forward(const torch::Tensor& x);
+  // x: (B, T, C) -> (B, T, C); with a cache, x holds the positions after the cached ones.
+  torch::Tensor forward(const torch::Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
 
   int64_t n_head;
   double dropout;
@@ -25,37 +27,22 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-struct GPTImpl : torch::nn::Module {
+struct GPTImpl : LMImpl {
   // vocab_size: the padded vocabulary (see padded_vocab()).
   GPTImpl(const ModelConfig& c, int64_t vocab_size);
 
+  using LMImpl::forward;
   // idx: (B, T) int64, T <= seq_len -> logits (B, T, V) float.
-  torch::Tensor forward(const torch::Tensor& idx);
-  // Mean next-token cross-entropy over targets != -1. idx, targets: (B, T) int64.
-  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
-  // The same, summed over targets != -1 (the trainer divides by the step's token count).
-  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor forward(const torch::Tensor& idx, KVCache* cache) override;
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2*n_layer), zero biases, unit LayerNorm. Draws from the default generator.
-  void init_weights();
-  int64_t num_params() const;  // unique parameters (the tied head counted once)
+  void init_weights() override;
 
-  ModelConfig cfg;
-  int64_t vocab;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm lnf{nullptr};
 };
 TORCH_MODULE(GPT);
-
-// vocab rounded up to a multiple of c.vocab_multiple.
-int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab);
-// Training (forward + backward) matmul FLOPs per token at context length `context`, the MFU
-// numerator: 6 * (12*L*d^2 [qkv, attention out, MLP] + V*d [the LM head, tied to the token
-// embedding: a matmul, counted once]) + 12*L*d*context [QK^T and AV] (PaLM appendix B, matmuls
-// only: the token and position embeddings are lookups, layer norms, biases, GELU and softmax are
-// not counted). vocab: the padded vocabulary the head computes.
-double matmul_flops_per_token(const ModelConfig& c, int64_t vocab, int64_t context);
 
 }  // namespace lm

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "models/build.h"
 #include "models/gpt.h"
 #include "tests/testutil.h"
 #include "common/errors.h"
@@ -214,7 +215,7 @@ TEST(Safetensors, RoundTripIsByteIdenticalAndChecked) {
 
 TEST(Generate, SeededAndGreedy) {
   torch::manual_seed(0);
-  GPT m(tiny_model(), 64);
+  LM m = build_model(tiny_model(), 64);
   SampleOptions o;
   o.max_new_tokens = 20;  // longer than seq_len - prompt: the context is cropped
   o.vocab_limit = 50;

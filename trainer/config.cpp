@@ -18,6 +18,7 @@
 
 #include "common/errors.h"
 #include "common/text.h"
+#include "models/registry.h"
 #include "trainer/telemetry/profiler.h"
 
 namespace lm {
@@ -203,7 +204,7 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", data_choices::verify);
   s.boolean("data.reuse_batch", &c.data.reuse_batch, "benchmark: reuse the first step's batches (no reading)");
 
-  s.choice("model.arch", &c.model.arch, "model architecture", {"gpt"});
+  s.choice("model.arch", &c.model.arch, "model architecture (models/registry.h)", arch_names());
   s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);
   s.integer("model.n_head", &c.model.n_head, "attention heads", 1, 1024);
   s.integer("model.d_model", &c.model.d_model, "residual width", 1, 1 << 16);
@@ -212,6 +213,13 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("model.vocab_size", &c.model.vocab_size, "vocabulary; 0 = from data manifest", 0);
   s.integer("model.vocab_multiple", &c.model.vocab_multiple, "pad vocabulary to a multiple", 1);
   s.number("model.init_std", &c.model.init_std, "std of normal weight init", 0, true);
+  s.text("model.init_from", &c.model.init_from, "Hugging Face directory to start from; empty = fresh init");
+  s.integer("model.n_kv_head", &c.model.n_kv_head, "llama: key/value heads; 0 = n_head", 0, 1024);
+  s.number("model.norm_eps", &c.model.norm_eps, "llama: RMSNorm epsilon", 0, true);
+  s.number("model.rope_theta", &c.model.rope_theta, "llama: RoPE base", 0, true);
+  s.integer("model.ffn_multiple_of", &c.model.ffn_multiple_of, "llama: SwiGLU width rounded to a multiple", 1);
+  s.number("model.ffn_dim_multiplier", &c.model.ffn_dim_multiplier, "llama: SwiGLU width multiplier; 0 = none", 0, false);
+  s.boolean("model.tie_embeddings", &c.model.tie_embeddings, "llama: output head shares the token embedding");
 
   s.number("optim.lr", &c.optim.lr, "peak learning rate", 0, true);
   s.number("optim.beta1", &c.optim.beta1, "AdamW beta1", 0, false, 1, true);
@@ -339,13 +347,31 @@ void validate(const ExperimentConfig& c, const Origins& origins) {
     if (it == origins.end()) throw;
     throw ConfigError(it->second + ": " + msg);
   }
-  if (c.model.d_model % c.model.n_head != 0)
-    throw ConfigError("key 'model.d_model': " + std::to_string(c.model.d_model) +
-                      " is not divisible by model.n_head=" + std::to_string(c.model.n_head));
+  validate_model(c.model);
   if (c.run.dir.empty()) throw ConfigError("key 'run.dir': must not be empty");
   if (int64_t a = 0, b = 0; !c.log.profile_steps.empty() && !parse_step_range(c.log.profile_steps, &a, &b))
     throw ConfigError("key 'log.profile_steps': expected A-B with 1 <= A <= B, got '" + c.log.profile_steps + "'");
   if (c.checkpoint.resume.empty()) throw ConfigError("key 'checkpoint.resume': must be auto, none or a directory");
+}
+
+// A model key the architecture does not read may be set only to its default (so one base file can
+// serve both architectures of a sweep); any other value is refused where it was set.
+void check_arch_keys(const Schema& s, const ExperimentConfig& c, const Origins& origins) {
+  ExperimentConfig def;
+  Schema d;
+  describe(d, def);
+  for (const auto& [key, where] : origins) {
+    if (key.rfind("model.", 0) != 0 || arch_uses_key(c.model.arch, key.substr(6))) continue;
+    const std::string v = s.find(key)->get(), dv = d.find(key)->get();
+    if (v != dv)
+      throw ConfigError(where + ": key '" + key + "' does not apply to model.arch=" + c.model.arch +
+                        " (only its default, " + dv + ", is accepted)");
+  }
+}
+
+// Whether the resolved config shows `key`: not the model keys its architecture does not read.
+bool shown(const ExperimentConfig& c, const std::string& key) {
+  return key.rfind("model.", 0) != 0 || arch_uses_key(c.model.arch, key.substr(6));
 }
 
 }  // namespace
@@ -382,6 +408,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
     // string, not a map); an empty value is missing.
     apply(s, where, key, text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(text), &origins);
   }
+  check_arch_keys(s, cfg, origins);
   validate(cfg, origins);
   return cfg;
 }
@@ -393,6 +420,7 @@ std::string to_yaml(const ExperimentConfig& cfg_in) {
   std::ostringstream out;
   std::string section;
   for (auto& f : s.fields()) {
+    if (!shown(cfg, f.key)) continue;
     auto dot = f.key.find('.');
     std::string sec = f.key.substr(0, dot), leaf = f.key.substr(dot + 1);
     if (sec != section) {
@@ -414,6 +442,7 @@ std::string to_table(const ExperimentConfig& cfg_in) {
   std::ostringstream out;
   for (size_t i = 0; i < s.fields().size(); ++i) {
     auto& f = s.fields()[i];
+    if (!shown(cfg, f.key)) continue;
     std::string v = f.get();
     bool changed = v != d.fields()[i].get();
     out << "  " << f.key << std::string(w - f.key.size() + 2, ' ') << (changed ? "* " : "  ") << v << "\n";
@@ -427,6 +456,7 @@ std::string to_json(const ExperimentConfig& cfg_in) {
   describe(s, cfg);
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   for (auto& f : s.fields()) {
+    if (!shown(cfg, f.key)) continue;
     auto dot = f.key.find('.');
     auto& sec = out[f.key.substr(0, dot)];
     const std::string leaf = f.key.substr(dot + 1), text = f.get();

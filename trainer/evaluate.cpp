@@ -36,7 +36,7 @@ Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::s
   reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len);
 }
 
-double Evaluator::mean_loss(GPT& model, Comm* comm) {
+double Evaluator::mean_loss(LM& model, Comm* comm) {
   torch::NoGradGuard ng;
   model->eval();
   reader_->reset();

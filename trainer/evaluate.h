@@ -9,7 +9,7 @@
 
 #include "data/format/manifest.h"
 #include "data/loader/val_reader.h"
-#include "models/gpt.h"
+#include "models/lm.h"
 #include "trainer/config.h"
 
 namespace lm {
@@ -26,7 +26,7 @@ class Evaluator {
                                            const torch::Device& device, int rank, int world);
   // Mean validation loss of `model` (eval mode during the pass, train mode after); with `comm` the
   // batches are split over the ranks and summed with one all-reduce.
-  double mean_loss(GPT& model, Comm* comm);
+  double mean_loss(LM& model, Comm* comm);
   const std::string& dir() const { return manifest_.dir; }
   const std::string& split() const { return split_; }  // "val", or "train" when there is none
 

@@ -3,6 +3,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "models/registry.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/run_dir.h"
 
@@ -28,8 +29,10 @@ ResumePoint find_resume(Checkpointer& ckpt, const CheckpointConfig& cfg, Comm* c
 }
 
 nlohmann::json arch_json(const ModelConfig& m, int64_t vocab) {
-  return {{"arch", m.arch}, {"n_layer", m.n_layer}, {"n_head", m.n_head}, {"d_model", m.d_model},
-          {"seq_len", m.seq_len}, {"vocab", vocab}};
+  nlohmann::json j = {{"arch", m.arch}};
+  for (const auto& [name, value] : shape_facts(m)) j[name] = value;
+  j["vocab"] = vocab;
+  return j;
 }
 
 void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const std::string& data_version, bool force) {

@@ -18,8 +18,9 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "data/loader/loader.h"
-#include "models/gpt.h"
+#include "models/build.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/hf_dir.h"
 #include "trainer/checkpoint/state.h"
 #include "trainer/cli.h"
 #include "trainer/dist/grad_sync.h"
@@ -169,19 +170,20 @@ class Trainer {
     if (cfg_.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg_.train.threads));
     const auto seed = static_cast<uint64_t>(cfg_.run.seed);
     rng_.seed_shared(seed);  // identical init on every rank
-    model_ = GPT(cfg_.model, vocab_);
+    model_ = lm::build_model(cfg_.model, vocab_);
+    init_from_hf(*model_, cfg_.model.init_from);  // model.init_from, when set
     model_->to(device_);
     uploader_ = std::make_unique<BatchUploader>(device_);
     flat_ = std::make_unique<FlatParams>(*model_);
     opt_ = std::make_unique<AdamW>(*flat_, cfg_.optim);
     if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(*flat_, cfg_.train.ema_decay);
     rng_.seed_rank(seed, rank_);  // each rank's own dropout stream
-    const int64_t n = model_->num_params();
-    params_ = n;
-    flops_per_token_ = matmul_flops_per_token(cfg_.model, vocab_, cfg_.model.seq_len);
-    log::info(strf("model: gpt, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token "
-                   "(matmuls at T=%lld)", (long long)n, n / 1e6, (long long)vocab_, (long long)data_vocab_,
-                   flops_per_token_, (long long)cfg_.model.seq_len));
+    params_ = model_->num_params();
+    flops_per_token_ = flops_per_token(cfg_.model, vocab_, cfg_.model.seq_len);
+    log::info(strf("model: %s, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token at T=%lld (%s)",
+                   cfg_.model.arch.c_str(), (long long)params_, params_ / 1e6, (long long)vocab_,
+                   (long long)data_vocab_, flops_per_token_, (long long)cfg_.model.seq_len,
+                   flops_formula(cfg_.model).c_str()));
     log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s, %s mode, %lld samples/epoch",
                    manifest_.dir.c_str(), (unsigned long long)manifest_.split_tokens("train"),
                    manifest_.data_version.c_str(), manifest_.tokenizer.kind.c_str(), cfg_.data.mode.c_str(),
@@ -346,7 +348,7 @@ class Trainer {
       mine.pad += batches[m].pad_tokens;
       mine.inputs += batches[m].rows * batches[m].cols;
       mine.flops += static_cast<double>(batches[m].rows * batches[m].cols - batches[m].pad_tokens) *
-                    matmul_flops_per_token(cfg_.model, vocab_, batches[m].cols);  // real tokens at this length
+                    flops_per_token(cfg_.model, vocab_, batches[m].cols);  // real tokens at this length
       hashes.push_back(batches[m].hash);
     }
     mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
@@ -527,9 +529,9 @@ class Trainer {
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<BatchUploader> uploader_;
   std::unique_ptr<Evaluator> eval_;
-  int64_t data_vocab_ = 0, vocab_ = 0;
+  int64_t data_vocab_ = 0, vocab_ = 0, params_ = 0;
   // Model, optimizer and their state.
-  GPT model_{nullptr};
+  LM model_{nullptr};
   std::unique_ptr<FlatParams> flat_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Ema> ema_;
@@ -539,7 +541,6 @@ class Trainer {
   TrainLog train_log_;
   StateRegistry state_;
   bool bf16_ = false;  // CUDA bf16 autocast around forward passes
-  int64_t params_ = 0;
   double flops_per_token_ = 0, peak_flops_ = 0;
   // Distributed.
   std::unique_ptr<Comm> comm_;

@@ -1,6 +1,6 @@
 // The training loop: one experiment config in, a trained model, metrics and logs in RUN_DIR out.
 //
-// Flow of one step: reader -> (B, T+1) token batch -> GPT forward/backward over grad_accum
+// Flow of one step: reader -> (B, T+1) token batch -> model forward/backward over grad_accum
 // micro-batches -> clip -> AdamW at lr_at(step) -> metrics. Validation every eval.every_steps and
 // at the end; final weights in RUN_DIR/model.safetensors.
 #pragma once

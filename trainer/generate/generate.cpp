@@ -11,30 +11,40 @@
 #include "trainer/cli.h"
 #include "common/errors.h"
 #include "common/files.h"
+#include "models/build.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/run_dir.h"
 
 namespace lm {
 
-std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, const SampleOptions& opt) {
+std::vector<int64_t> generate(LM& model, std::vector<int64_t> prompt, const SampleOptions& opt) {
   TORCH_CHECK(!prompt.empty(), "generate: empty prompt");
   torch::NoGradGuard ng;
   model->eval();
-  const auto device = model->wte->weight.device();
+  const auto device = model->parameters().front().device();
   const int64_t T = model->cfg.seq_len;
+  KVCache cache;
+  int64_t cache_start = 0;  // index in `prompt` of the cache's position 0
   for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
     const int64_t n = static_cast<int64_t>(prompt.size()), start = std::max<int64_t>(0, n - T);
-    auto idx = torch::tensor(std::vector<int64_t>(prompt.begin() + start, prompt.end()), torch::kLong)
+    // The context is prompt[start, n); the cache serves while it starts there too (once the
+    // context slides past seq_len, each step fills it anew).
+    if (!opt.kv_cache || start != cache_start) cache.clear(), cache_start = start;
+    auto idx = torch::tensor(std::vector<int64_t>(prompt.begin() + start + cache.pos, prompt.end()), torch::kLong)
                    .view({1, -1}).to(device);
-    auto logits = model->forward(idx).select(1, idx.size(1) - 1).squeeze(0).to(torch::kFloat);  // (V,)
+    auto out = opt.kv_cache ? model->forward(idx, &cache) : model->forward(idx);
+    auto logits = out.select(1, idx.size(1) - 1).squeeze(0).to(torch::kFloat);  // (V,)
     if (opt.vocab_limit > 0 && opt.vocab_limit < logits.size(0)) logits = logits.slice(0, 0, opt.vocab_limit);
+    if (opt.temperature == 0) {
+      prompt.push_back(logits.argmax().item<int64_t>());
+      continue;
+    }
     logits = logits / opt.temperature;
     if (opt.top_k > 0 && opt.top_k < logits.size(0)) {
       auto kth = std::get<0>(logits.topk(opt.top_k)).select(0, opt.top_k - 1);
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
     }
-    auto next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
-    prompt.push_back(next);
+    prompt.push_back(torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>());
   }
   return prompt;
 }
@@ -49,10 +59,12 @@ int generate_cli(int argc, char** argv) {
   app.add_option("--data", data_dir, "prepared data directory for the tokenizer (default: the run's data.train)");
   app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
   app.add_option("--tokens", opt.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--temperature", opt.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", opt.temperature, "sampling temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", opt.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "random seed");
   app.add_option("--samples", samples, "number of samples")->check(CLI::Range(1, 1000));
+  bool no_cache = false;
+  app.add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
   app.add_option("--threads", threads, "CPU threads; 0 = default")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -62,12 +74,13 @@ int generate_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  opt.kv_cache = !no_cache;
   if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
   auto cfg = load_config(run_dir::config(run), {});
   if (weights.empty()) weights = run_dir::weights(run);
   auto tok = data::load_tokenizer_isolated(data_dir.empty() ? cfg.data.train : data_dir);
   const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
-  GPT model(cfg.model, padded_vocab(cfg.model, data_vocab));
+  LM model = build_model(cfg.model, padded_vocab(cfg.model, data_vocab));
   load_into_module(*model, load_safetensors(weights), weights);
   opt.vocab_limit = data_vocab;
   const auto eos = static_cast<int64_t>(tok->info().eos_id);

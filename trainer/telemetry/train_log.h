@@ -16,7 +16,7 @@ class TrainLog {
     double seconds = 0;    // wall time of the step
     double wait_ms = 0;    // the slowest rank's wait for data
     int64_t targets = 0, pad = 0, inputs = 0;
-    double flops = 0;      // this rank's matmul FLOPs (models/gpt.h matmul_flops_per_token)
+    double flops = 0;      // this rank's matmul FLOPs (models/registry.h flops_per_token)
     bool timed = true;     // counts toward the run's tokens/s (not the first step of a process)
   };
   // The closed window's means.

@@ -1,0 +1,24 @@
+// Hugging Face model directories: `export --format hf` writes one from a run, `model.init_from`
+// starts a run from one. The names and layouts are models/hf.h's.
+//
+// A directory holds model.safetensors (HF tensor names, fp32), config.json (transformers'
+// LlamaConfig / GPT2Config fields) and, for a sentencepiece dataset, tokenizer.model (the
+// dataset's model file, byte for byte).
+#pragma once
+
+#include <string>
+
+#include "models/lm.h"
+
+namespace lm {
+
+// Writes OUT_DIR from the run's config and `weights` (default RUN/model.safetensors). Throws
+// ConfigError / DataError / CheckpointError naming the file at fault.
+void export_hf(const std::string& run, const std::string& weights, const std::string& out_dir);
+
+// Loads DIR's weights into m (nothing when dir is empty). Refuses (CheckpointError naming the file)
+// a config.json of another model_type, and a model.safetensors whose tensors are missing, extra,
+// or of another shape than m's (naming the first such HF tensor and both shapes).
+void init_from_hf(LMImpl& m, const std::string& dir);
+
+}  // namespace lm
