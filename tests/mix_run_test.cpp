@@ -34,7 +34,7 @@ std::string other_tokenizer_copy(const std::string& dir) {
   return dir;
 }
 
-std::vector<std::string> args(const std::string& run, const std::string& sources, std::vector<std::string> extra = {}) {
+std::vector<std::string> mix_args(const std::string& run, const std::string& sources, std::vector<std::string> extra = {}) {
   std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=", "data.sources=" + sources,
                                 "run.dir=" + run, "train.max_steps=12", "log.every_steps=2", "eval.batches=0",
                                 "checkpoint.every_steps=6", "train.threads=1", "model.seq_len=32",
@@ -47,15 +47,15 @@ TEST(MixRunTest, BadMixturesExit2WithOneLine) {
   TempDir tmp;
   const std::string data = test::shared_bytes_dataset(), other = other_tokenizer_copy(tmp / "other");
   const std::string two = "[{name: a, path: " + data + "}, {name: b, path: " + other + "}]";
-  expect_one_line_exit_2(test::run_bin("trainer", args(tmp / "r1", two)), "source 'b'");
-  expect_one_line_exit_2(test::run_bin("trainer", args(tmp / "r2", "[{name: a, path: " + tmp / "missing" + "}]")),
+  expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r1", two)), "source 'b'");
+  expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r2", "[{name: a, path: " + tmp / "missing" + "}]")),
                          tmp / "missing");
   const std::string ok = "[{name: a, path: " + data + "}, {name: b, path: " + data + ", weight: 2}]";
-  expect_one_line_exit_2(test::run_bin("trainer", args(tmp / "r3", ok, {"data.stages=[{until: 5, weights: {c: 1}}]"})),
+  expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r3", ok, {"data.stages=[{until: 5, weights: {c: 1}}]"})),
                          "stage 1 names unknown source 'c'");
-  expect_one_line_exit_2(test::run_bin("trainer", args(tmp / "r4", "[{name: a, path: " + data + ", weight: 0}]")),
+  expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r4", "[{name: a, path: " + data + ", weight: 0}]")),
                          "source 'a': weight must be > 0");
-  expect_one_line_exit_2(test::run_bin("trainer", args(tmp / "r5", "[{name: a, path: " + data + ", wieght: 1}]")),
+  expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r5", "[{name: a, path: " + data + ", wieght: 1}]")),
                          "unknown key 'wieght'");
 }
 
@@ -64,7 +64,7 @@ TEST(MixRunTest, RecordsResumesEditedAndRefusesRemovedSource) {
   const std::string data = test::shared_bytes_dataset(), run = tmp / "run";
   const std::string two = "[{name: a, path: " + data + ", weight: 1}, {name: b, path: " + data + ", weight: 3}]";
   const std::string stages = "data.stages=[{until: 4, weights: {a: 1}}, {weights: {a: 1, b: 1}}]";
-  auto r = test::run_bin("trainer", args(run, two, {stages, "train.max_steps=6"}));
+  auto r = test::run_bin("trainer", mix_args(run, two, {stages, "train.max_steps=6"}));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto recs = test::metrics_of_kind(run + "/metrics.jsonl", "train");
   ASSERT_EQ(recs.size(), 3u);
@@ -81,7 +81,7 @@ TEST(MixRunTest, RecordsResumesEditedAndRefusesRemovedSource) {
   EXPECT_EQ(meta["data"]["mixture"]["stages"].size(), 2u);
   EXPECT_EQ(meta["data"]["data_version"], meta["data"]["mixture"]["data_version"]);
   // Resume with edited weights (stages dropped): the new mixture from step 6 on; totals carry on.
-  r = test::run_bin("trainer", args(run, "[{name: a, path: " + data + ", weight: 3}, {name: b, path: " + data + ", weight: 1}]",
+  r = test::run_bin("trainer", mix_args(run, "[{name: a, path: " + data + ", weight: 3}, {name: b, path: " + data + ", weight: 1}]",
                                     {"train.max_steps=10"}));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("the mixture changed at resume"), std::string::npos) << r.out;
@@ -91,14 +91,20 @@ TEST(MixRunTest, RecordsResumesEditedAndRefusesRemovedSource) {
   EXPECT_EQ(last["source_tokens"]["a"].get<int64_t>(), 3 * last["source_tokens"]["b"].get<int64_t>());
   EXPECT_EQ(last["source_tokens_total"]["a"].get<int64_t>() + last["source_tokens_total"]["b"].get<int64_t>(),
             10 * per_step);
+  // report: the stacked chart of the realised mixture against the target.
+  r = test::run_bin("report", {run, "-o", tmp / "report.html"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string html = test::read_text(tmp / "report.html");
+  EXPECT_NE(html.find("data-chart=\"mixture-0\""), std::string::npos);
+  EXPECT_NE(html.find("target: a"), std::string::npos);
   // Removing source b, which was read: refused with one line naming it; checkpoint.force continues.
   const std::string only_a = "[{name: a, path: " + data + "}]";
   // (Found while restoring, after the start-up log: the error is the output's last line.)
-  r = test::run_bin("trainer", args(run, only_a, {"train.max_steps=12"}));
+  r = test::run_bin("trainer", mix_args(run, only_a, {"train.max_steps=12"}));
   EXPECT_EQ(r.exit_code, 2) << r.out;
   const auto tail = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
   EXPECT_NE(tail.find("source 'b' was read"), std::string::npos) << r.out;
-  r = test::run_bin("trainer", args(run, only_a, {"train.max_steps=12", "checkpoint.force=true"}));
+  r = test::run_bin("trainer", mix_args(run, only_a, {"train.max_steps=12", "checkpoint.force=true"}));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   // data-inspect: batch 7 (step 7) of the edited config; the planned mixture per stage.
   r = test::run_bin("data-inspect", {"--config", test::source_path("configs/tiny.yaml"), "--set", "data.train=", "--set",
