@@ -159,8 +159,10 @@ Plan MixPlanner::next() {
   bool same = stage == st_.stage && !w.empty();
   for (size_t s = 0; same && s < w.size(); ++s) same = w[s] == st_.sources[s].weight;
   if (!same)
-    begin_segment(stage, st_.stage == -2 ? "start" : stage != st_.stage ? strf("stage %lld", static_cast<long long>(stage + 1))
-                                                                          : std::string("the mixture changed at resume"));
+    begin_segment(stage, st_.stage == -2 ? "start"
+                         : resumed_      ? "the mixture changed at resume"
+                                         : strf("stage %lld", static_cast<long long>(stage + 1)));
+  resumed_ = false;
   Plan p;
   p.source_tokens.assign(streams_.size(), 0);
   const uint64_t G = static_cast<uint64_t>(world_ * B_);
@@ -224,6 +226,7 @@ void MixPlanner::restart(const LoaderState& s, bool force) {
   st_ = now;
   cursor_ = s.cursor;
   batches_ = s.batches;
+  resumed_ = true;
   for (size_t i = 0; i < streams_.size(); ++i) {
     LoaderState at;
     at.cursor = st_.sources[i].cursor;

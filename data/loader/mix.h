@@ -89,6 +89,7 @@ class MixPlanner : public BatchPlanner {
   BatchLayout own_;
   uint64_t cursor_ = 0, batches_ = 0;  // global stream samples and batches planned
   MixState st_;                        // after the last planned batch
+  bool resumed_ = false;               // restart() was called and next() not yet
 };
 
 }  // namespace lm::data
