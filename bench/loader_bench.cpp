@@ -1,10 +1,13 @@
 // loader_bench: throughput and memory of the streaming loader (data/loader/loader.h), torch-free.
 //
 //   loader_bench --data DIR [--mode packed|bucketed] [--workers N] [--prefetch N] [--seq T]
-//                [--batch B] [--batches N] [--warmup N] [--memcpy]
+//                [--batch B] [--batches N] [--warmup N] [--memcpy] [--sources N]
 //       reads N batches of the train split (after `warmup` batches) and prints one JSON line:
 //       real tokens/s, output bytes/s (inputs + targets, int64), the mean wait in next(), and the
-//       peak VmRSS / RssAnon / RssFile sampled every 5 ms from /proc/self/status.
+//       peak VmRSS / RssAnon / RssFile sampled every 5 ms from /proc/self/status, and startup_s (the
+//       loader's construction: opening and checking every shard).
+//       --sources N (N >= 1): a mixture (data.sources) of N sources s0..s<N-1>, all reading DIR, with
+//       weights 1..N; 0 (default): the one-source data.train loader.
 //       --memcpy adds the machine's single-thread memcpy bandwidth (256 MiB buffers) to the line.
 //   loader_bench --memcpy                                   the memcpy figure alone
 //   loader_bench --generate DIR --tokens N [--shard-tokens N] [--seed S]
@@ -106,7 +109,7 @@ int main(int argc, char** argv) {
     CLI::App app("loader throughput and memory");
     std::string data, generate_dir, mode = "packed";
     int64_t workers = 2, prefetch = 4, seq = 1024, batch = 16, batches = 2000, warmup = 20;
-    int64_t budget = 0;
+    int64_t budget = 0, sources = 0;
     uint64_t tokens = 0, shard_tokens = 128000000, seed = 1;
     bool memcpy = false;
     app.add_option("--data", data, "prepared dataset directory");
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
     app.add_option("--tokens", tokens, "--generate: train tokens");
     app.add_option("--shard-tokens", shard_tokens, "--generate: tokens per shard");
     app.add_option("--seed", seed);
+    app.add_option("--sources", sources, "a mixture of N sources over --data; 0 = data.train");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -142,7 +146,17 @@ int main(int argc, char** argv) {
     RssSampler rss;
     lm::DataConfig cfg;
     cfg.mode = mode, cfg.workers = workers, cfg.prefetch = prefetch, cfg.token_budget = budget;
-    lm::data::Loader loader(cfg, lm::data::Manifest::load(data), "train", seq, batch, 0, 1, seed);
+    if (sources > 0) {
+      for (int64_t i = 0; i < sources; ++i)
+        cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)), data, static_cast<double>(i + 1), 0});
+    } else {
+      cfg.train = data;
+    }
+    const auto t_start = Clock::now();
+    const auto manifests = lm::data::open_sources(cfg);
+    auto loader_ptr = lm::data::open_loader(cfg, manifests, "train", seq, batch, 0, 1, seed, 1);
+    const double startup_s = seconds_since(t_start);
+    lm::data::Loader& loader = *loader_ptr;
     for (int64_t i = 0; i < warmup; ++i) loader.next();
     int64_t real = 0, out_bytes = 0;
     double wait_ms = 0;
@@ -162,12 +176,13 @@ int main(int argc, char** argv) {
                      "{\"mode\": \"%s\", \"workers\": %lld, \"prefetch\": %lld, \"seq\": %lld, \"batch\": %lld, "
                      "\"token_budget\": %lld, \"batches\": %lld, \"seconds\": %.3f, \"tokens_per_s\": %.0f, "
                      "\"bytes_per_s\": %.0f, \"pad_fraction\": %.4f, \"mean_wait_ms\": %.4f, "
-                     "\"peak_vm_rss_kb\": %ld, \"peak_rss_anon_kb\": %ld, \"peak_rss_file_kb\": %ld%s}",
+                     "\"peak_vm_rss_kb\": %ld, \"peak_rss_anon_kb\": %ld, \"peak_rss_file_kb\": %ld, \"sources\": %lld, "
+                     "\"startup_s\": %.3f%s}",
                      mode.c_str(), static_cast<long long>(workers), static_cast<long long>(prefetch),
                      static_cast<long long>(seq), static_cast<long long>(batch), static_cast<long long>(budget),
                      static_cast<long long>(batches), s, real / s, out_bytes / s,
                      1.0 - real / (out_bytes / 16.0), wait_ms / batches, peak_rss, peak_anon, peak_file,
-                     extra.c_str())
+                     static_cast<long long>(sources), startup_s, extra.c_str())
               << std::endl;
     return 0;
   });

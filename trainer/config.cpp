@@ -34,7 +34,8 @@ struct Field {
   std::function<void(const YAML::Node&)> set;
   // The current value as YAML text.
   std::function<std::string()> get;
-  // JSON type of the value: 'i' integer (-1 = "auto" where allowed), 'n' number, 'b' bool, 's' string.
+  // JSON type of the value: 'i' integer (-1 = "auto" where allowed), 'n' number, 'b' bool, 's' string,
+  // 'y' a structured value (YAML flow text).
   char type = 's';
 };
 
@@ -164,6 +165,24 @@ class Schema {
     }, [=] { return *p; });
   }
 
+  // A structured value (a YAML list of maps) parsed by `parse` and printed back as YAML flow text by
+  // `print`; an override gives the same as YAML flow text ("data.sources=[{name: a, path: d}]").
+  void structured(const std::string& key, const std::string& doc, std::function<void(const YAML::Node&)> parse,
+                  std::function<std::string()> print) {
+    add(key, doc, [=](const YAML::Node& n) {
+      if (n.IsScalar()) {
+        YAML::Node parsed;
+        try {
+          parsed = YAML::Load(n.Scalar());
+        } catch (const YAML::Exception& e) {
+          bad("cannot parse '" + n.Scalar() + "': " + e.msg);
+        }
+        return parse(parsed);
+      }
+      parse(n);
+    }, std::move(print), 'y');
+  }
+
   const Field* find(const std::string& key) const {
     for (auto& f : fields_)
       if (f.key == key) return &f;
@@ -184,6 +203,90 @@ class Schema {
   std::vector<Field> fields_;
 };
 
+// ---- data.sources and data.stages: lists of maps ------------------------------------------------
+
+// "entry N (line L)" of a list item, for messages.
+std::string entry_where(size_t i, const YAML::Node& n) {
+  const int line = n.Mark().line;
+  return "entry " + std::to_string(i + 1) + (line >= 0 ? " (line " + std::to_string(line + 1) + ")" : "");
+}
+
+// Calls on(key, value) for each key of list item i (a map), naming the item on a bad shape.
+void each_key(size_t i, const YAML::Node& item, const std::vector<std::string>& keys,
+              const std::function<void(const std::string&, const YAML::Node&)>& on) {
+  if (!item.IsMap()) bad(entry_where(i, item) + ": expected a map");
+  for (auto it = item.begin(); it != item.end(); ++it) {
+    const std::string k = it->first.as<std::string>();
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      std::string all;
+      for (const auto& a : keys) all += (all.empty() ? "" : ", ") + a;
+      bad(entry_where(i, item) + ": unknown key '" + k + "' (allowed: " + all + ")");
+    }
+    try {
+      on(k, it->second);
+    } catch (const std::string& msg) {
+      bad(entry_where(i, item) + ": '" + k + "': " + msg);
+    }
+  }
+}
+
+const YAML::Node& list_of(const YAML::Node& n) {
+  if (!n.IsSequence() && !n.IsNull()) bad("expected a list of maps");
+  return n;
+}
+
+void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out) {
+  out->clear();
+  const YAML::Node& list = list_of(n);
+  for (size_t i = 0; i < list.size(); ++i) {
+    SourceConfig s;
+    each_key(i, list[i], {"name", "path", "weight", "max_epochs"}, [&](const std::string& k, const YAML::Node& v) {
+      if (k == "name") s.name = scalar_of(v);
+      if (k == "path") s.path = scalar_of(v);
+      if (k == "weight") s.weight = parse_double(v);
+      if (k == "max_epochs") s.max_epochs = parse_int(v);
+    });
+    if (s.name.empty() || s.path.empty()) bad(entry_where(i, list[i]) + ": needs a name and a path");
+    out->push_back(s);
+  }
+}
+
+void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out) {
+  out->clear();
+  const YAML::Node& list = list_of(n);
+  for (size_t i = 0; i < list.size(); ++i) {
+    StageConfig s;
+    each_key(i, list[i], {"until", "until_tokens", "weights"}, [&](const std::string& k, const YAML::Node& v) {
+      if (k == "until") s.until_step = parse_int(v);
+      if (k == "until_tokens") s.until_tokens = parse_int(v);
+      if (k != "weights") return;
+      if (!v.IsMap()) bad("expected a map of source name: weight");
+      for (auto it = v.begin(); it != v.end(); ++it) s.weights.emplace_back(it->first.as<std::string>(), parse_double(it->second));
+    });
+    out->push_back(s);
+  }
+}
+
+std::string print_sources(const std::vector<SourceConfig>& v) {
+  std::string out;
+  for (const auto& s : v)
+    out += (out.empty() ? "" : ", ") + std::string("{name: ") + quote(s.name) + ", path: " + quote(s.path) +
+           ", weight: " + fmt_double(s.weight) + ", max_epochs: " + std::to_string(s.max_epochs) + "}";
+  return "[" + out + "]";
+}
+
+std::string print_stages(const std::vector<StageConfig>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    std::string w;
+    for (const auto& [name, x] : s.weights) w += (w.empty() ? "" : ", ") + quote(name) + ": " + fmt_double(x);
+    out += (out.empty() ? "" : ", ") + std::string("{") +
+           (s.until_tokens > 0 ? "until_tokens: " + std::to_string(s.until_tokens) : "until: " + std::to_string(s.until_step)) +
+           ", weights: {" + w + "}}";
+  }
+  return "[" + out + "]";
+}
+
 // THE list of config keys. Defaults live in the component Config structs.
 void describe(Schema& s, ExperimentConfig& c) {
   s.text("run.dir", &c.run.dir, "run directory");
@@ -192,7 +295,13 @@ void describe(Schema& s, ExperimentConfig& c) {
   // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
   const int64_t any = std::numeric_limits<int64_t>::min();
   s.text("data.train", &c.data.train, "prepared dataset directory (from prep)");
-  s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train");
+  s.structured("data.sources", "a mixture: [{name, path, weight (tokens), max_epochs}] instead of data.train",
+               [p = &c.data.sources](const YAML::Node& n) { parse_sources(n, p); },
+               [p = &c.data.sources] { return print_sources(*p); });
+  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]",
+               [p = &c.data.stages](const YAML::Node& n) { parse_stages(n, p); },
+               [p = &c.data.stages] { return print_stages(*p); });
+  s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train (or the first source)");
   s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", data_choices::mode);
   s.integer("data.workers", &c.data.workers, "loader threads building batches", any);
   s.integer("data.prefetch", &c.data.prefetch, "batches built ahead (queue depth)", any);
@@ -450,6 +559,29 @@ std::string to_table(const ExperimentConfig& cfg_in) {
   return out.str();
 }
 
+namespace {
+
+// A parsed structured value as JSON: maps, lists, and scalars typed as numbers where they read so.
+nlohmann::ordered_json yaml_to_json(const YAML::Node& n) {
+  if (n.IsSequence()) {
+    auto out = nlohmann::ordered_json::array();
+    for (const auto& x : n) out.push_back(yaml_to_json(x));
+    return out;
+  }
+  if (n.IsMap()) {
+    auto out = nlohmann::ordered_json::object();
+    for (auto it = n.begin(); it != n.end(); ++it) out[it->first.as<std::string>()] = yaml_to_json(it->second);
+    return out;
+  }
+  const std::string s = n.IsScalar() ? n.Scalar() : "";
+  char* end = nullptr;
+  const double d = std::strtod(s.c_str(), &end);
+  if (!s.empty() && *end == '\0' && n.Tag() != "!") return d;
+  return s;
+}
+
+}  // namespace
+
 std::string to_json(const ExperimentConfig& cfg_in) {
   ExperimentConfig cfg = cfg_in;
   Schema s;
@@ -464,6 +596,7 @@ std::string to_json(const ExperimentConfig& cfg_in) {
       case 'i': sec[leaf] = text == "auto" ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(std::stoll(text)); break;
       case 'n': sec[leaf] = std::strtod(text.c_str(), nullptr); break;
       case 'b': sec[leaf] = text == "true"; break;
+      case 'y': sec[leaf] = yaml_to_json(YAML::Load(text)); break;
       default: sec[leaf] = YAML::Load(text).as<std::string>(""); break;
     }
   }

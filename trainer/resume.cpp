@@ -43,7 +43,7 @@ void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const st
   };
   const auto& run = r.state.run;
   if (run.at("arch") != arch) mismatch("model architecture", run.at("arch"), arch);
-  if (run.at("data_version") != data_version) mismatch("data version", run.at("data_version"), data_version);
+  if (!data_version.empty() && run.at("data_version") != data_version) mismatch("data version", run.at("data_version"), data_version);
 }
 
 }  // namespace lm

@@ -26,7 +26,8 @@ ResumePoint find_resume(Checkpointer& ckpt, const CheckpointConfig& cfg, Comm* c
 // The facts a checkpoint must match ("run" of its state): the architecture (vocab is the padded one).
 nlohmann::json arch_json(const ModelConfig& m, int64_t vocab);
 
-// Throws CheckpointError naming the checkpoint and what differs, unless `force` (then warns).
+// Throws CheckpointError naming the checkpoint and what differs, unless `force` (then warns). An
+// empty data_version is not compared (a mixture, whose loader state checks each source).
 void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const std::string& data_version, bool force);
 
 }  // namespace lm

@@ -40,6 +40,7 @@
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/records.h"
 #include "trainer/telemetry/run_record.h"
+#include "trainer/telemetry/source_tokens.h"
 #include "trainer/telemetry/train_log.h"
 
 namespace lm {
@@ -59,14 +60,6 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
-torch::Device pick_device(const std::string& want, int local_rank) {
-  if (want == "cuda" || (want == "auto" && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) throw ConfigError("key 'train.device': cuda requested but LibTorch has no CUDA device");
-    return use_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));  // current from now
-  }
-  return torch::Device(torch::kCPU);
-}
-
 class Trainer {
  public:
   // Every input is checked before anything is printed or written.
@@ -79,7 +72,9 @@ class Trainer {
     ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_,
                                            std::max(1, world_ / std::max(1, launch_.local_world_size)));
     resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
-    if (!resume_.dir.empty()) check_compatible(resume_, arch_json(cfg.model, vocab_), manifest_.data_version, cfg.checkpoint.force);
+    if (!resume_.dir.empty())  // a mixture's sources: checked one by one by the loader state (data/loader/mix.h)
+      check_compatible(resume_, arch_json(cfg.model, vocab_), cfg.data.sources.empty() ? manifest_.data_version : "",
+                       cfg.checkpoint.force);
     if (rank_ == 0) {
       log::info("trainer: " + command);
       log::info("resolved config (* = not the default):\n" + to_table(cfg));
@@ -131,14 +126,15 @@ class Trainer {
   // ---- setup (in this order) ------------------------------------------------------------------
 
   void open_data() {
-    manifest_ = data::Manifest::load(cfg_.data.train);
+    sources_ = data::open_sources(cfg_.data);
+    manifest_ = sources_[0];
+    source_tokens_ = std::make_unique<SourceTokens>(data::source_names(cfg_.data));
     data_vocab_ = static_cast<int64_t>(manifest_.tokenizer.vocab_size);
     if (cfg_.model.vocab_size > 0 && cfg_.model.vocab_size < data_vocab_)
       throw ConfigError("key 'model.vocab_size': " + std::to_string(cfg_.model.vocab_size) +
                         " is smaller than the data's vocabulary (" + std::to_string(data_vocab_) + ")");
-    loader_ = std::make_unique<data::Loader>(cfg_.data, manifest_, "train", cfg_.model.seq_len,
-                                             cfg_.train.micro_batch_size, rank_, world_,
-                                             static_cast<uint64_t>(cfg_.run.seed));
+    loader_ = data::open_loader(cfg_.data, sources_, "train", cfg_.model.seq_len, cfg_.train.micro_batch_size, rank_, world_,
+                                static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
     eval_ = Evaluator::create(cfg_, manifest_, device_, rank_, world_);
     vocab_ = padded_vocab(cfg_.model, data_vocab_);
     if (cfg_.train.dtype == "bf16" && !device_.is_cuda())
@@ -216,6 +212,8 @@ class Trainer {
                [this](const ComponentState* s) { long_window_ = s ? s->values : nlohmann::json(); }, /*optional=*/true);
     state_.add(k::kLoader, S::kPerRank, [this] { return ComponentState{nlohmann::json::parse(loader_->state().to_json()), {}}; },
                [this](const ComponentState* s) { load_loader(*s); });
+    state_.add(k::kSourceTokens, S::kReplicated, [this] { return source_tokens_->state(); },
+               [this](const ComponentState* s) { source_tokens_->load_state(s); }, true);
     state_.add(k::kRng, S::kPerRank, [this] { return rng_.state(); }, [this](const ComponentState* s) { load_rng(*s); });
   }
 
@@ -227,8 +225,8 @@ class Trainer {
     tokens_ = s.values.at("tokens").get<int64_t>();
   }
   void load_loader(const ComponentState& s) {
-    if (resume_.state.run.at("data_version") == manifest_.data_version)
-      loader_->load_state(data::LoaderState::from_json(s.values.dump()));
+    if (!cfg_.data.sources.empty() || resume_.state.run.at("data_version") == manifest_.data_version)  // a mixture: checked by source
+      loader_->load_state(data::LoaderState::from_json(s.values.dump()), cfg_.checkpoint.force);
     else
       log::warn("other data than the checkpoint's (checkpoint.force): the data order starts from the beginning");
   }
@@ -266,8 +264,8 @@ class Trainer {
       metrics_ = std::make_unique<MetricsSink>(mo);
       if (long_window_.is_object() && !long_window_.empty()) metrics_->load_window_state(long_window_);
       record_ = std::make_unique<RunRecord>(cfg_.run.dir, describe_run({command, nlohmann::json::parse(to_json(cfg_)),
-                                                                        manifest_, gpu, world_, launch_.source, params_,
-                                                                        flops_per_token_}));
+                                                                        manifest_, describe_mixture(cfg_.data, sources_), gpu,
+                                                                        world_, launch_.source, params_, flops_per_token_}));
     }
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
   }
@@ -343,6 +341,7 @@ class Trainer {
       if (!cfg_.data.reuse_batch || batches[m].rows == 0) {
         batches[m] = loader_->next();
         mine.wait_ms += loader_->last_wait_ms();
+        source_tokens_->add(batches[m]);
       }
       mine.targets += batches[m].target_tokens;
       mine.pad += batches[m].pad_tokens;
@@ -428,6 +427,7 @@ class Trainer {
     // (start_telemetry says which); unknown without one.
     rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * w.flops_per_s / peak_flops_) : nlohmann::json(nullptr);
     if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
+    source_tokens_->close(rec);
     metrics_->write(std::move(rec));
   }
 
@@ -447,7 +447,7 @@ class Trainer {
     write_anomaly_evidence(cfg_.run.dir, rank_,
                            {step, why, action, loss, gnorm, lr, world_, batch_hash_, {recent.begin(), recent.end()},
                             rank_ == 0 ? nlohmann::json::parse(to_json(cfg_)) : nlohmann::json()},
-                           batches, manifest_);
+                           batches, sources_);
   }
 
   // The validation loss (and, with EMA, the EMA weights' loss) as a "val" record.
@@ -467,7 +467,7 @@ class Trainer {
 
   void save() {
     const nlohmann::json run = {{"config", to_yaml(cfg_)}, {"arch", arch_json(cfg_.model, vocab_)},
-                                {"data_version", manifest_.data_version},
+                                {"data_version", data::mixture_version(cfg_.data, sources_)},
                                 {"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}}};
     ckpt_->save(state_.snapshot(step_, run));
     log_saves();
@@ -524,8 +524,9 @@ class Trainer {
   LaunchEnv launch_;
   torch::Device device_;
   int rank_ = 0, world_ = 1;
-  // Data.
-  data::Manifest manifest_;
+  std::vector<data::Manifest> sources_;  // data: data.train's manifest alone, or a mixture's sources'
+  data::Manifest manifest_;              // sources_[0]: the tokenizer, the val split
+  std::unique_ptr<SourceTokens> source_tokens_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<BatchUploader> uploader_;
   std::unique_ptr<Evaluator> eval_;

@@ -3,16 +3,38 @@
 // call validate().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
 
 namespace lm {
 
+// One source of a data mixture (data.sources): a prepared dataset and its share of the tokens.
+struct SourceConfig {
+  std::string name;        // unique; [A-Za-z0-9_.-]+
+  std::string path;        // a `prep` output directory
+  double weight = 1;       // > 0; relative share of the TOKENS (normalised over the sources)
+  int64_t max_epochs = 0;  // > 0: the source drops out after this many epochs; 0 = no cap
+};
+
+// One stage of the mixture (data.stages): its weights apply from the previous stage's end until
+// `until_step` optimizer steps (or `until_tokens` target tokens) are done; the last stage may leave
+// both 0 and runs on (the last stage also runs on past its end).
+struct StageConfig {
+  int64_t until_step = 0;
+  int64_t until_tokens = 0;
+  std::vector<std::pair<std::string, double>> weights;  // by source name; an omitted source: 0
+};
+
 struct DataConfig {
-  std::string train;  // directory written by `prep` (its manifest.json); required
+  std::string train;  // directory written by `prep` (its manifest.json); this or `sources`
+  std::vector<SourceConfig> sources;  // a mixture; empty = the one source `train`
+  std::vector<StageConfig> stages;    // mixture stages; empty = the sources' weights throughout
   std::string val;    // directory for validation; empty = the `val` split of `train`
 
   // The streaming loader (data/loader/loader.h).
@@ -34,6 +56,46 @@ inline const std::vector<std::string> mode = {"packed", "bucketed"};
 inline const std::vector<std::string> long_docs = {"truncate", "split"};
 inline const std::vector<std::string> verify = {"lazy", "full"};
 }  // namespace data_choices
+
+// The data.sources and data.stages rules (part of validate() below).
+inline void validate_mixture(const DataConfig& c) {
+  auto fail = [](const char* key, const std::string& why) {
+    throw ConfigError(std::string("key 'data.") + key + "': " + why);
+  };
+  if (!c.train.empty() && !c.sources.empty()) fail("sources", "set either data.train or data.sources, not both");
+  std::set<std::string> names;
+  for (const auto& s : c.sources) {
+    const std::string who = "source '" + s.name + "'";
+    if (s.name.empty() || s.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != std::string::npos)
+      fail("sources", "a source name must be [A-Za-z0-9_.-]+, got '" + s.name + "'");
+    if (!names.insert(s.name).second) fail("sources", "two sources are named '" + s.name + "'");
+    if (s.path.empty()) fail("sources", who + ": path must not be empty");
+    if (!(s.weight > 0)) fail("sources", who + ": weight must be > 0, got " + std::to_string(s.weight));
+    if (s.max_epochs < 0) fail("sources", who + ": max_epochs must be >= 0, got " + std::to_string(s.max_epochs));
+  }
+  if (!c.stages.empty() && c.sources.empty()) fail("stages", "stages need data.sources");
+  if (!c.stages.empty() && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
+  if (c.sources.size() > 1 && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
+  int64_t last_step = 0, last_tokens = 0;
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    const auto& st = c.stages[i];
+    const std::string who = "stage " + std::to_string(i + 1);
+    if (st.until_step < 0 || st.until_tokens < 0 || (st.until_step > 0 && st.until_tokens > 0))
+      fail("stages", who + ": give one of until (steps) or until_tokens, >= 1");
+    if (st.until_step == 0 && st.until_tokens == 0 && i + 1 < c.stages.size())
+      fail("stages", who + ": only the last stage may omit until");
+    if ((st.until_step > 0 && st.until_step <= last_step) || (st.until_tokens > 0 && st.until_tokens <= last_tokens))
+      fail("stages", who + ": until must grow from stage to stage");
+    last_step = std::max(last_step, st.until_step), last_tokens = std::max(last_tokens, st.until_tokens);
+    double sum = 0;
+    for (const auto& [name, w] : st.weights) {
+      if (!names.count(name)) fail("stages", who + " names unknown source '" + name + "'");
+      if (!(w >= 0)) fail("stages", who + ": weight of '" + name + "' must be >= 0, got " + std::to_string(w));
+      sum += w;
+    }
+    if (!(sum > 0)) fail("stages", who + ": the weights must not all be 0");
+  }
+}
 
 // THE range and choice rules of the data.* keys. Throws ConfigError "key 'data.X': must be ..., got V"
 // for the first bad value; `seq_len` is the model's context (token_budget must fit one sample).
@@ -62,6 +124,7 @@ inline void validate(const DataConfig& c, int64_t seq_len) {
   range("pad_multiple", c.pad_multiple, 1, int64_t{1} << 20);
   range("token_budget", c.token_budget, 0, -1);
   choice("verify", c.verify, data_choices::verify);
+  validate_mixture(c);
   if (c.mode == "bucketed" && c.token_budget > 0 && c.token_budget < seq_len)
     fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
                              std::to_string(c.token_budget));

@@ -1,35 +1,20 @@
 // The streaming loader (see loader.h for the sample order, batching and resume rules): the stages
-// composed. ShardSet (shards.h) checks and holds the split's shards, Planner (plan.h) plans the
-// sample stream and each batch's rows, Workers (workers.h) build batches ahead on threads, and
-// state.h fingerprints the sample order for resuming.
+// composed. ShardSet (shards.h) checks and holds the split's shards (one set per source), Planner
+// (plan.h) plans the sample stream and each batch's rows (MixPlanner, mix.h, blends a mixture's
+// sources), Workers (workers.h) build batches ahead on threads, and state.h fingerprints the sample
+// order for resuming. Also the sources' opening and the mixture's version id.
 #include "data/loader/loader.h"
 
-#include <tuple>
-
+#include "data/loader/mix.h"
 #include "data/loader/plan.h"
 #include "data/loader/shards.h"
 #include "data/loader/state.h"
 #include "data/loader/workers.h"
+#include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
 
 namespace lm::data {
-
-struct Loader::Impl {
-  // Members are built in this order; each may throw (loader.h, the constructor's contract).
-  ShardSet set;
-  Planner planner;
-  Workers workers;
-  Fingerprint fingerprint;
-
-  Impl(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len, int64_t micro_batch,
-       int rank, int world, uint64_t seed)
-      : set(m, split, c.verify == "full",
-            [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); }),
-        planner(c, set, seq_len, micro_batch, rank, world, seed),
-        workers(c, set, planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id),
-        fingerprint(make_fingerprint(c, m.data_version, split, seq_len, seed, planner.shuffle_block())) {}
-};
 
 namespace {
 
@@ -44,35 +29,128 @@ const DataConfig& checked(const DataConfig& c, int64_t seq_len, int64_t micro_ba
 
 }  // namespace
 
+struct Loader::Impl {
+  // Built in this order; each may throw (loader.h, the constructors' contract).
+  std::vector<std::unique_ptr<ShardSet>> sets;
+  std::unique_ptr<BatchPlanner> planner;
+  std::unique_ptr<Workers> workers;
+  Fingerprint fingerprint;
+  uint64_t samples_per_epoch = 0;
+
+  void open(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len) {
+    sets.push_back(std::make_unique<ShardSet>(m, split, c.verify == "full", [&](const ShardReader& s) {
+      return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len);
+    }));
+  }
+  void start_workers(const DataConfig& c, int64_t seq_len, const Manifest& m) {
+    std::vector<const ShardSet*> v;
+    for (auto& s : sets) v.push_back(s.get());
+    workers = std::make_unique<Workers>(c, v, *planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id);
+    workers->start(0, 0, planner->mix_state());
+  }
+};
+
 Loader::Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
                int64_t micro_batch, int rank, int world_size, uint64_t seed)
-    : impl_(std::make_unique<Impl>(checked(cfg, seq_len, micro_batch, rank, world_size), m, split, seq_len, micro_batch,
-                                   rank, world_size, seed)) {
-  impl_->workers.start(0, 0);
+    : impl_(std::make_unique<Impl>()) {
+  const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
+  impl_->open(c, m, split, seq_len);
+  auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
+  impl_->samples_per_epoch = p->samples_per_epoch();
+  impl_->fingerprint = make_fingerprint(c, m.data_version, split, seq_len, seed, p->shuffle_block());
+  impl_->planner = std::move(p);
+  impl_->start_workers(c, seq_len, m);
 }
 
-Loader::~Loader() { impl_->workers.stop(); }
+Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
+               int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step)
+    : impl_(std::make_unique<Impl>()) {
+  const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
+  if (c.sources.empty() || sources.size() != c.sources.size())
+    throw Error("Loader: a mixture needs one manifest per data.sources entry");
+  std::vector<MixSource> mix;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    impl_->open(c, sources[i], split, seq_len);
+    mix.push_back({impl_->sets.back().get(), sources[i].data_version});
+  }
+  auto p = std::make_unique<MixPlanner>(c, mix, sources[0].tokenizer.hash, seq_len, micro_batch, rank, world_size, seed,
+                                        micro_per_step);
+  impl_->samples_per_epoch = p->samples_per_epoch(0);
+  impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, static_cast<uint64_t>(c.shuffle_buffer));
+  impl_->planner = std::move(p);
+  impl_->start_workers(c, seq_len, sources[0]);
+}
 
-Batch Loader::next() { return impl_->workers.next(); }
+Loader::~Loader() {
+  if (impl_->workers) impl_->workers->stop();
+}
 
-double Loader::last_wait_ms() const { return impl_->workers.last_wait_ms(); }
+Batch Loader::next() { return impl_->workers->next(); }
 
-int64_t Loader::samples_per_epoch() const { return static_cast<int64_t>(impl_->planner.samples_per_epoch()); }
+double Loader::last_wait_ms() const { return impl_->workers->last_wait_ms(); }
+
+int64_t Loader::samples_per_epoch() const { return static_cast<int64_t>(impl_->samples_per_epoch); }
 
 LoaderState Loader::state() const {
   LoaderState s;
   s.version = kLoaderStateVersion;
-  std::tie(s.batches, s.cursor) = impl_->workers.returned();
+  auto r = impl_->workers->returned();
+  s.batches = r.batches, s.cursor = r.cursor, s.mix = std::move(r.mix);
   s.fingerprint = impl_->fingerprint;
-  impl_->planner.save(s);
+  impl_->planner->save(s);
   return s;
 }
 
-void Loader::load_state(const LoaderState& s) {
+void Loader::load_state(const LoaderState& s, bool force) {
   check_resumable(s, impl_->fingerprint);
-  impl_->workers.stop();
-  impl_->planner.restart(s);
-  impl_->workers.start(s.batches, s.cursor);
+  impl_->workers->stop();
+  impl_->planner->restart(s, force);
+  impl_->workers->start(s.batches, s.cursor, impl_->planner->mix_state());
+}
+
+// ---- sources -----------------------------------------------------------------------------------
+
+std::vector<Manifest> open_sources(const DataConfig& cfg) {
+  if (cfg.sources.empty()) return {Manifest::load(cfg.train)};
+  std::vector<Manifest> out;
+  for (const auto& s : cfg.sources) {
+    out.push_back(Manifest::load(s.path));
+    const auto& a = out.front().tokenizer;
+    const auto& b = out.back().tokenizer;
+    if (a.hash != b.hash)
+      throw DataError(strf("data.sources: source '%s' (%s) has tokenizer %s %s, source '%s' (%s) has %s %s; all sources "
+                           "must share one tokenizer", cfg.sources[0].name.c_str(), cfg.sources[0].path.c_str(),
+                           a.kind.c_str(), a.hash.c_str(), s.name.c_str(), s.path.c_str(), b.kind.c_str(), b.hash.c_str()));
+  }
+  return out;
+}
+
+std::unique_ptr<Loader> open_loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split,
+                                    int64_t seq_len, int64_t micro_batch, int rank, int world_size, uint64_t seed,
+                                    int64_t micro_per_step) {
+  if (cfg.sources.empty()) return std::make_unique<Loader>(cfg, sources.at(0), split, seq_len, micro_batch, rank, world_size, seed);
+  return std::make_unique<Loader>(cfg, sources, split, seq_len, micro_batch, rank, world_size, seed, micro_per_step);
+}
+
+std::vector<std::string> source_names(const DataConfig& cfg) {
+  if (cfg.sources.empty()) return {"train"};
+  std::vector<std::string> out;
+  for (const auto& s : cfg.sources) out.push_back(s.name);
+  return out;
+}
+
+std::string mixture_version(const DataConfig& cfg, const std::vector<Manifest>& sources) {
+  if (cfg.sources.empty()) return sources.at(0).data_version;
+  std::string text;
+  for (size_t i = 0; i < cfg.sources.size(); ++i)
+    text += strf("source %s %s %.17g %lld\n", cfg.sources[i].name.c_str(), sources.at(i).data_version.c_str(),
+                 cfg.sources[i].weight, static_cast<long long>(cfg.sources[i].max_epochs));
+  for (const auto& st : cfg.stages) {
+    text += strf("stage %lld %lld", static_cast<long long>(st.until_step), static_cast<long long>(st.until_tokens));
+    for (const auto& [name, w] : st.weights) text += strf(" %s %.17g", name.c_str(), w);
+    text += "\n";
+  }
+  return hex64(xxh64(text.data(), text.size()));
 }
 
 }  // namespace lm::data

@@ -42,6 +42,21 @@
 //   the batch layout shapes the order, so the block interrupted by such a change keeps the order it
 //   was cut with (saved in the state) and later blocks follow the new layout.
 //
+// MIXTURES (data.sources; data.train is the one-source shorthand, planned exactly as above)
+//   Each source is its own sample stream as above (its own epochs, shard order and shuffles, seeded
+//   from (seed, its name)) with its own cursor. The global stream takes each next sample from the
+//   source furthest behind its target share of the TOKENS (mix.h), so the choice is a function of
+//   the weights, the seed and the position only. A global batch is the next G samples of it:
+//   packed, rank r takes rows [r*B, (r+1)*B); bucketed, the batch is sorted longest first and dealt
+//   round-robin (no cross-batch length bucketing, and no token_budget, with a mixture).
+//   Stages (data.stages) switch the weights at a batch boundary. A source at the end of an epoch
+//   starts the next one reshuffled (logged); at max_epochs it drops out and the weights renormalise
+//   over the rest (logged). Batch::source_tokens counts the global batch's tokens per source.
+//   Resume: the state holds every source's cursor by name, so weights, stages and appended sources
+//   may change at a resume (the new mixture starts at the resumed batch; no document of any source
+//   is repeated or skipped within its epoch); the tokenizer, a source's data version, and removing
+//   a source that was read are refused (DataError naming it) unless force.
+//
 // Threads: next(), state(), load_state() are for one consumer thread. Workers open shards through
 // mmap (file-backed pages), at most two per worker; memory is O(prefetch batches + shuffle_buffer +
 // shards), never O(dataset).
@@ -68,7 +83,10 @@ struct SampleOrigin {
   uint32_t shard = 0;
   uint64_t doc = 0;
   uint64_t offset = 0;
-  bool operator==(const SampleOrigin& o) const { return shard == o.shard && doc == o.doc && offset == o.offset; }
+  uint32_t source = 0;  // a mixture: index in data.sources (shard indexes that source's manifest)
+  bool operator==(const SampleOrigin& o) const {
+    return shard == o.shard && doc == o.doc && offset == o.offset && source == o.source;
+  }
 };
 
 // One rank's share of one global batch. inputs/targets are (rows, cols) row-major.
@@ -81,6 +99,7 @@ struct Batch {
   int64_t epoch = 0;                    // epoch of the global batch's first sample
   uint64_t index = 0;                   // batch number in the stream (0-based)
   std::vector<SampleOrigin> origins;    // one per row
+  std::vector<int64_t> source_tokens;   // target tokens of the whole GLOBAL batch per source (all ranks)
 };
 
 // How bucketed batches are cut (part of the resume state; unused in packed mode).
@@ -99,6 +118,7 @@ struct LoaderState {
   std::vector<std::pair<std::string, std::string>> fingerprint;  // what fixes the sample order
   BatchLayout layout;        // bucketed: the layout in use
   BatchLayout block_layout;  // bucketed: the layout that ordered the block holding the cursor
+  std::string mix;           // a mixture: its state (JSON: sources' cursors, segment; mix.h); "" for one source
 
   std::string to_json() const;
   // Throws DataError ("loader state: ...") on malformed JSON or an unknown version.
@@ -113,6 +133,10 @@ class Loader {
   // REQUIRES: 0 <= rank < world_size.
   Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
          int64_t micro_batch, int rank, int world_size, uint64_t seed);
+  // A mixture: sources[i] is the manifest of cfg.sources[i] (open_sources()); micro_per_step is
+  // train.grad_accum (stages are given in optimizer steps).
+  Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
+         int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step);
   ~Loader();  // stops and joins the workers, also while they wait on a full queue
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -124,13 +148,29 @@ class Loader {
   LoaderState state() const;
   // Restarts the pipeline at `s`. Throws DataError naming the field when `s` was made for other
   // data or another sample order (see RESUME above).
-  void load_state(const LoaderState& s);
-  int64_t samples_per_epoch() const;
+  // force (checkpoint.force): a mixture continues despite a changed or removed source (mix.h).
+  void load_state(const LoaderState& s, bool force = false);
+  int64_t samples_per_epoch() const;  // a mixture: its first source's
 
   struct Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// The loader for cfg: a mixture (cfg.sources; micro_per_step = train.grad_accum) or the one source
+// sources[0] (data.train). `sources` from open_sources(cfg).
+std::unique_ptr<Loader> open_loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split,
+                                    int64_t seq_len, int64_t micro_batch, int rank, int world_size, uint64_t seed,
+                                    int64_t micro_per_step);
+
+// The manifests of cfg's sources in order (data.train alone: one), each read from its location by
+// Manifest::load. Throws DataError naming both sources when their tokenizer hashes differ.
+std::vector<Manifest> open_sources(const DataConfig& cfg);
+// The sources' names ("train" for the data.train shorthand).
+std::vector<std::string> source_names(const DataConfig& cfg);
+// The run's data version id: one source by data.train, its data_version; a mixture, the xxh64 hex
+// over every source's name, data_version, weight and max_epochs and every stage.
+std::string mixture_version(const DataConfig& cfg, const std::vector<Manifest>& sources);
 
 }  // namespace lm::data

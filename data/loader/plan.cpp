@@ -96,9 +96,9 @@ void Planner::save(LoaderState& s) const {
     s.block_layout = held_layout_;
 }
 
-void Planner::restart(const LoaderState& s) {
+void Planner::restart(const LoaderState& s, bool) {
   cursor_ = s.cursor;
-  epochs_.clear(), perms_.clear(), blocks_.clear(), shards_.clear();
+  epochs_.clear(), perms_.clear(), blocks_.clear(), permuted_.clear(), shards_.clear();
   walker_ = {};
   layout_ = own_;
   if (same_cuts(s.layout, own_)) layout_.anchor = s.layout.anchor;
@@ -258,15 +258,38 @@ const Planner::BlockTable& Planner::block(uint64_t g) {
 
 // ---- batches -----------------------------------------------------------------------------------
 
+Plan::Row Planner::sample(uint64_t i, Plan& p, int64_t* tokens) {
+  const uint64_t g = block_of(i), in_block = i - block_start(g);
+  if (bucketed_) {
+    auto& v = permuted_[g];
+    if (v.empty()) {
+      const std::vector<Ref> base = unshuffled(static_cast<int64_t>(g / blocks_per_epoch_), g % blocks_per_epoch_ * S_, block_size(g));
+      const auto& perm = block_perm(g);
+      v.resize(base.size());
+      for (size_t k = 0; k < v.size(); ++k) v[k] = base[perm[k]];
+    }
+    *tokens = static_cast<int64_t>(v[in_block].len) - 1;
+    return {nullptr, 0, v[in_block], 0};
+  }
+  auto ep = epoch_table(static_cast<int64_t>(i / n_));
+  if (p.keep.empty() || p.keep.back() != ep) p.keep.push_back(ep);
+  *tokens = T_;
+  return {ep.get(), (g % blocks_per_epoch_ * S_ + block_perm(g)[in_block]) * static_cast<uint64_t>(T_), {}, 0};
+}
+
+void Planner::forget_before(uint64_t i) {
+  const uint64_t g = block_of(i);
+  perms_.erase(perms_.begin(), perms_.lower_bound(g));
+  permuted_.erase(permuted_.begin(), permuted_.lower_bound(g));
+  epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(i / n_)));
+}
+
 void Planner::next_packed(Plan& p) {
   const uint64_t first = cursor_ + static_cast<uint64_t>(rank_ * B_);
-  for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) {
-    const uint64_t g = block_of(i), in_block = i - block_start(g);
-    auto ep = epoch_table(static_cast<int64_t>(i / n_));
-    if (p.keep.empty() || p.keep.back() != ep) p.keep.push_back(ep);
-    p.rows.push_back({ep.get(), (g % blocks_per_epoch_ * S_ + block_perm(g)[in_block]) * static_cast<uint64_t>(T_), {}});
-  }
+  int64_t tokens = 0;
+  for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) p.rows.push_back(sample(i, p, &tokens));
   cursor_ += static_cast<uint64_t>(world_) * static_cast<uint64_t>(B_);
+  p.source_tokens = {world_ * B_ * T_};
 }
 
 void Planner::next_bucketed(Plan& p) {
@@ -288,8 +311,11 @@ void Planner::next_bucketed(Plan& p) {
     batch.assign(t.order.begin() + static_cast<ptrdiff_t>(pos), t.order.begin() + static_cast<ptrdiff_t>(end));
   }
   cursor_ += batch.size();
+  int64_t tokens = 0;
+  for (const Ref& r : batch) tokens += static_cast<int64_t>(r.len) - 1;
+  p.source_tokens = {tokens};
   std::stable_sort(batch.begin(), batch.end(), longer);
-  for (size_t i = static_cast<size_t>(rank_); i < batch.size(); i += W) p.rows.push_back({nullptr, 0, batch[i]});
+  for (size_t i = static_cast<size_t>(rank_); i < batch.size(); i += W) p.rows.push_back({nullptr, 0, batch[i], 0});
 }
 
 Plan Planner::next() {

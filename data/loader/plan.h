@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "data/loader/data_config.h"
@@ -38,11 +39,29 @@ struct Plan {
     const EpochTable* epoch = nullptr;  // packed: the window at stream offset `pos` of this epoch
     uint64_t pos = 0;
     Ref ref;                            // bucketed: the sample
+    uint32_t source = 0;                // the mixture's source (index in data.sources)
   };
   uint64_t cursor_after = 0;  // the stream cursor after the global batch
   int64_t epoch = 0;          // epoch of the global batch's first sample
   std::vector<Row> rows;
   std::vector<std::shared_ptr<const EpochTable>> keep;  // owners of the rows' epoch tables
+  std::vector<int64_t> source_tokens;  // target tokens of the whole global batch, per source
+  std::string mix_after;               // a mixture: its state after this batch (mix.h)
+};
+
+// What the workers plan batches with: the one-source Planner below, or the MixPlanner (mix.h).
+class BatchPlanner {
+ public:
+  virtual ~BatchPlanner() = default;
+  // This rank's rows of the next global batch.
+  virtual Plan next() = 0;
+  // Fills the layout fields of a state at s.cursor (see Planner::save).
+  virtual void save(LoaderState& s) const = 0;
+  // Plans on from s (loader.h, RESUME). force: checkpoint.force (a mixture tolerates changed sources).
+  virtual void restart(const LoaderState& s, bool force) = 0;
+  // A mixture's state JSON where planning stands now ("" for one source); valid after construction
+  // or restart(), before next().
+  virtual std::string mix_state() const { return ""; }
 };
 
 // What a shard contributes to an epoch: packed, its stream tokens; bucketed, its samples.
@@ -53,7 +72,7 @@ int64_t padded(int64_t len, int64_t multiple, int64_t seq_len);
 
 // Plans the batches of one rank, in stream order. Not thread-safe: the workers call next() under
 // their lock; save() may run beside it (see there).
-class Planner {
+class Planner : public BatchPlanner {
  public:
   // `set` holds stream_units() of its shards. Throws DataError naming the directory and split when
   // the split holds no sample (packed: fewer than seq_len+1 stream tokens).
@@ -66,13 +85,19 @@ class Planner {
   uint64_t shuffle_block() const { return S_; }  // shuffle_buffer, at most one epoch
   // This rank's rows of the next global batch; the cursor moves past the whole global batch.
   // Throws DataError when a restored bucketed cursor is not at a batch boundary of its block.
-  Plan next();
+  Plan next() override;
   // Fills s.layout and s.block_layout for a state at s.cursor (a cursor next() has passed). Reads
   // only what restart() sets, so it may run while another thread is in next().
-  void save(LoaderState& s) const;
+  void save(LoaderState& s) const override;
   // Plans on from s.cursor with s's layouts (loader.h, RESUME); forgets every table.
   // REQUIRES: no thread is in next().
-  void restart(const LoaderState& s);
+  void restart(const LoaderState& s, bool force = false) override;
+
+  // As one source of a mixture: sample i of this stream as a row (packed: its window; bucketed: the
+  // sample in its shuffle block's permuted order, not sorted or cut) and its target tokens. Rows
+  // keep their epoch tables alive through p.keep. forget_before(i) drops the tables behind sample i.
+  Plan::Row sample(uint64_t i, Plan& p, int64_t* tokens);
+  void forget_before(uint64_t i);
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
@@ -124,6 +149,7 @@ class Planner {
   std::map<int64_t, std::shared_ptr<const EpochTable>> epochs_;
   std::map<uint64_t, std::vector<uint32_t>> perms_;  // packed block permutations
   std::map<uint64_t, BlockTable> blocks_;            // bucketed block tables
+  std::map<uint64_t, std::vector<Ref>> permuted_;    // bucketed blocks, permuted only (sample())
   ShardCache shards_;
   Walker walker_;
 };

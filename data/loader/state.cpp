@@ -58,6 +58,7 @@ std::string LoaderState::to_json() const {
   for (const auto& [k, v] : fingerprint) j["fingerprint"][k] = v;
   j["layout"] = layout_json(layout);
   j["block_layout"] = layout_json(block_layout);
+  if (!mix.empty()) j["mix"] = json::parse(mix);
   return j.dump();
 }
 
@@ -72,6 +73,7 @@ LoaderState LoaderState::from_json(const std::string& text) {
     for (const auto& [k, v] : j.at("fingerprint").items()) s.fingerprint.emplace_back(k, v.get<std::string>());
     s.layout = layout_of(j.at("layout"));
     s.block_layout = layout_of(j.at("block_layout"));
+    if (j.contains("mix")) s.mix = j.at("mix").dump();
     return s;
   } catch (const json::exception& e) {
     throw DataError(std::string("loader state: malformed (") + e.what() + ")");

@@ -12,21 +12,22 @@
 
 namespace lm::data {
 
-Workers::Workers(const DataConfig& c, const ShardSet& set, Planner& planner, int64_t seq_len, uint32_t eos,
-                 uint32_t pad)
-    : set_(set), planner_(planner), bucketed_(c.mode == "bucketed"), T_(seq_len), threads_(c.workers),
+Workers::Workers(const DataConfig& c, std::vector<const ShardSet*> sets, BatchPlanner& planner, int64_t seq_len,
+                 uint32_t eos, uint32_t pad)
+    : sets_(std::move(sets)), planner_(planner), bucketed_(c.mode == "bucketed"), T_(seq_len), threads_(c.workers),
       prefetch_(c.prefetch), pad_multiple_(c.pad_multiple), eos_(eos), pad_(pad) {}
 
 Workers::~Workers() { stop(); }
 
 // ---- the queue ---------------------------------------------------------------------------------
 
-void Workers::start(uint64_t batches, uint64_t cursor) {
+void Workers::start(uint64_t batches, uint64_t cursor, const std::string& mix) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     slots_.clear();
     planned_ = returned_ = batches;
     cursor_returned_ = cursor;
+    mix_returned_ = mix;
     failed_ = false;
   }
   for (int64_t i = 0; i < threads_; ++i) pool_.emplace_back([this] { work(); });
@@ -44,7 +45,8 @@ void Workers::stop() {
 }
 
 void Workers::work() {
-  ShardCache shards(set_);
+  std::vector<ShardCache> shards;
+  for (const ShardSet* s : sets_) shards.emplace_back(*s);
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     work_cv_.wait(lk, [&] { return stopping_ || (!failed_ && planned_ < returned_ + static_cast<uint64_t>(prefetch_)); });
@@ -56,6 +58,7 @@ void Workers::work() {
     try {
       p = planner_.next();
       slot.cursor_after = p.cursor_after;
+      slot.mix_after = std::move(p.mix_after);
       lk.unlock();
       try {
         slot.batch = build(p, shards);
@@ -83,6 +86,7 @@ Batch Workers::next() {
   if (it->second.error) std::rethrow_exception(it->second.error);  // the slot stays: sticky
   Batch b = std::move(it->second.batch);
   cursor_returned_ = it->second.cursor_after;
+  mix_returned_ = std::move(it->second.mix_after);
   slots_.erase(it);
   ++returned_;
   lk.unlock();
@@ -95,9 +99,9 @@ double Workers::last_wait_ms() const {
   return last_wait_ms_;
 }
 
-std::pair<uint64_t, uint64_t> Workers::returned() const {
+Workers::Returned Workers::returned() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return {returned_, cursor_returned_};
+  return {returned_, cursor_returned_, mix_returned_};
 }
 
 // ---- reading a planned batch (outside the lock) ------------------------------------------------
@@ -105,26 +109,28 @@ std::pair<uint64_t, uint64_t> Workers::returned() const {
 // Copies row r's tokens into w: packed, the window of T+1 tokens at r.pos of its epoch's stream;
 // bucketed, the sample (at most T+1 tokens). Returns where the row starts.
 SampleOrigin Workers::read_row(const Plan::Row& r, uint32_t* w, ShardCache& shards) const {
+  const ShardSet& set = *sets_[r.source];
   if (bucketed_) {
-    TokenWalk walk(set_.size(), eos_, [&](size_t i) -> const ShardReader& { return shards.get(static_cast<uint32_t>(i)); });
+    TokenWalk walk(set.size(), eos_, [&](size_t i) -> const ShardReader& { return shards.get(static_cast<uint32_t>(i)); });
     walk.seek(r.ref.shard, r.ref.doc, r.ref.offset);
     walk.read(w, r.ref.len);
-    return {set_.manifest_index(r.ref.shard), r.ref.doc, r.ref.offset};
+    return {set.manifest_index(r.ref.shard), r.ref.doc, r.ref.offset, r.source};
   }
   const EpochTable& ep = *r.epoch;
   TokenWalk walk(ep.order.size(), eos_, [&](size_t i) -> const ShardReader& { return shards.get(ep.order[i]); });
   const size_t p = static_cast<size_t>(std::upper_bound(ep.start.begin(), ep.start.end(), r.pos) - ep.start.begin() - 1);
   walk.seek(p, r.pos - ep.start[p]);
-  const SampleOrigin origin{set_.manifest_index(ep.order[p]), walk.doc(), walk.offset()};
+  const SampleOrigin origin{set.manifest_index(ep.order[p]), walk.doc(), walk.offset(), r.source};
   // Never short: an epoch's N = floor((L-1)/T) windows all end inside its stream of L tokens.
   if (walk.read(w, static_cast<uint64_t>(T_) + 1) != static_cast<uint64_t>(T_) + 1)
     throw Error("loader: a window runs past the end of its epoch");
   return origin;
 }
 
-Batch Workers::build(const Plan& p, ShardCache& shards) const {
+Batch Workers::build(const Plan& p, std::vector<ShardCache>& shards) const {
   Batch b;
   b.epoch = p.epoch;
+  b.source_tokens = p.source_tokens;
   b.rows = static_cast<int64_t>(p.rows.size());
   std::vector<uint32_t> lens;
   for (const Plan::Row& r : p.rows) lens.push_back(bucketed_ ? r.ref.len : static_cast<uint32_t>(T_ + 1));
@@ -137,7 +143,7 @@ Batch Workers::build(const Plan& p, ShardCache& shards) const {
   std::vector<uint32_t> w(static_cast<size_t>(T_) + 1);
   for (size_t i = 0; i < p.rows.size(); ++i) {
     const size_t len = lens[i];
-    b.origins.push_back(read_row(p.rows[i], w.data(), shards));
+    b.origins.push_back(read_row(p.rows[i], w.data(), shards[p.rows[i].source]));
     XXH64_update(h.get(), w.data(), len * sizeof(uint32_t));
     b.inputs.insert(b.inputs.end(), w.begin(), w.begin() + static_cast<ptrdiff_t>(len - 1));
     b.targets.insert(b.targets.end(), w.begin() + 1, w.begin() + static_cast<ptrdiff_t>(len));

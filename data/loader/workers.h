@@ -13,6 +13,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -27,14 +28,17 @@ namespace lm::data {
 class Workers {
  public:
   // Starts no thread (start() does). eos and pad are the tokenizer's ids.
-  Workers(const DataConfig& c, const ShardSet& set, Planner& planner, int64_t seq_len, uint32_t eos, uint32_t pad);
+  // sets: the sources' shards (one for a single source), indexed by Plan::Row::source.
+  Workers(const DataConfig& c, std::vector<const ShardSet*> sets, BatchPlanner& planner, int64_t seq_len, uint32_t eos,
+          uint32_t pad);
   ~Workers();  // stop()
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
 
   // Starts the threads with an empty queue: the next batch is number `batches`, which begins at
-  // stream sample `cursor`. REQUIRES: stopped; the planner is at `cursor`.
-  void start(uint64_t batches, uint64_t cursor);
+  // stream sample `cursor` (and `mix`, the planner's mix_state()). REQUIRES: stopped; the planner
+  // is at `cursor`.
+  void start(uint64_t batches, uint64_t cursor, const std::string& mix);
   // Stops and joins the threads, also while they wait on a full queue.
   void stop();
 
@@ -42,23 +46,28 @@ class Workers {
   // exception the worker caught; it is sticky. One consumer thread.
   Batch next();
   double last_wait_ms() const;
-  // Batches returned so far, and the stream cursor after the last of them.
-  std::pair<uint64_t, uint64_t> returned() const;
+  // Batches returned so far, the stream cursor and the mixture state after the last of them.
+  struct Returned {
+    uint64_t batches = 0, cursor = 0;
+    std::string mix;
+  };
+  Returned returned() const;
 
  private:
   struct Slot {
     bool ready = false;
     uint64_t cursor_after = 0;
+    std::string mix_after;
     Batch batch;
     std::exception_ptr error;
   };
   void work();
-  Batch build(const Plan& p, ShardCache& shards) const;
+  Batch build(const Plan& p, std::vector<ShardCache>& shards) const;
   SampleOrigin read_row(const Plan::Row& r, uint32_t* w, ShardCache& shards) const;
 
   // ---- fixed
-  const ShardSet& set_;
-  Planner& planner_;  // guarded by mu_
+  std::vector<const ShardSet*> sets_;
+  BatchPlanner& planner_;  // guarded by mu_
   bool bucketed_;
   int64_t T_, threads_, prefetch_, pad_multiple_;
   uint32_t eos_, pad_;
@@ -68,6 +77,7 @@ class Workers {
   std::condition_variable work_cv_, ready_cv_;
   std::map<uint64_t, Slot> slots_;  // by batch number
   uint64_t planned_ = 0, returned_ = 0, cursor_returned_ = 0;
+  std::string mix_returned_;
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pool_;
   double last_wait_ms_ = 0;

@@ -72,6 +72,9 @@ void add_record(Run& r, const json& j, const std::string& kind, double step) {
   if (kind == rec::kTrain) {
     for (const char* f : kTrainSeries)
       if (number(j, f, &v)) add_point(r.series[f], step, v);
+    if (auto m = j.find(rec::kSourceTokens); m != j.end() && m->is_object())
+      for (auto& [name, t] : m->items())
+        if (t.is_number()) add_point(r.source_tokens[name], step, t.get<double>());
   } else if (kind == rec::kVal) {
     for (const char* f : kValSeries)
       if (number(j, f, &v)) add_point(r.series[f], step, v);
@@ -80,8 +83,9 @@ void add_record(Run& r, const json& j, const std::string& kind, double step) {
     if (number(j, rec::kCkptMbPerS, &v) && v > 0) r.ckpt_mb_per_s.push_back(v);
     if (number(j, rec::kCkptMb, &v)) r.ckpt_mb = v;
   } else if (kind == rec::kResume) {
-    for (auto& [name, s] : r.series)
-      while (!s.empty() && s.back().step > step) s.pop_back();
+    for (auto* m : {&r.series, &r.source_tokens})
+      for (auto& [name, s] : *m)
+        while (!s.empty() && s.back().step > step) s.pop_back();
     r.events.push_back({step, rec::kResume, resume_text(j)});
   } else if (kind == rec::kAnomaly) {
     r.events.push_back({step, rec::kAnomaly, anomaly_text(j)});

@@ -37,6 +37,7 @@ struct Event {
 struct Run {
   std::string dir, name;                 // dir without trailing '/'; name: unique display name
   std::map<std::string, Series> series;  // metric name (records::kLoss, kValLoss, ...) -> points
+  std::map<std::string, Series> source_tokens;  // data source -> its target tokens per logged window
   std::vector<Event> events;             // resumes and anomalies, in file order
   std::vector<double> ckpt_block_ms, ckpt_mb_per_s;
   double ckpt_mb = 0;

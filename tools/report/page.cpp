@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "tools/report/html.h"
+#include "tools/report/mixture.h"
 #include "tools/report/tables.h"
 
 namespace lm::report {
@@ -125,6 +126,7 @@ std::string render_page(const std::vector<Run>& runs, const PageOptions& o, int*
   h += page_top(runs, title);
   h += section("runs", "Runs", runs_table(runs));
   h += section("charts", "Charts", charts_html(runs, o.charts, charts_drawn));
+  if (const std::string mix = mixture_html(runs); !mix.empty()) h += section("mixture", "Data mixture", mix);
   h += section("events", "Events", events_section(runs));
   h += section("config", "Config", kv_section(runs, &Run::config, "config", "config.yaml"));
   h += section("meta", "Meta", kv_section(runs, &Run::meta, "meta", "meta.json"));

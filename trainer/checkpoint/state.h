@@ -32,6 +32,7 @@ constexpr const char* kMetrics = "metrics";          // logging window and run t
 constexpr const char* kAnomaly = "anomaly";          // the anomaly detector's running mean
 constexpr const char* kLongWindow = "long_window";   // the metrics sink's long-window aggregates
 constexpr const char* kLoader = "loader";
+constexpr const char* kSourceTokens = "source_tokens";  // realised tokens per data source
 constexpr const char* kRng = "rng";
 }  // namespace state_key
 

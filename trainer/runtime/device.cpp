@@ -28,6 +28,14 @@
 
 namespace lm {
 
+torch::Device pick_device(const std::string& want, int local_rank) {
+  if (want == "cuda" || (want == "auto" && torch::cuda::is_available())) {
+    if (!torch::cuda::is_available()) throw ConfigError("key 'train.device': cuda requested but LibTorch has no CUDA device");
+    return use_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));  // current from now
+  }
+  return torch::Device(torch::kCPU);
+}
+
 torch::Device use_device(const torch::Device& device) {
   if (!device.is_cuda()) return device;
   const int count = static_cast<int>(torch::cuda::device_count());

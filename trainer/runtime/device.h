@@ -15,6 +15,9 @@ namespace lm {
 // (every rank would otherwise create its context, streams and NCCL communicator on cuda:0). Throws
 // ConfigError when the index is not a visible device. No-op on CPU.
 torch::Device use_device(const torch::Device& device);
+// train.device (auto | cpu | cuda) for the rank with this local rank, made current (use_device).
+// Throws ConfigError when cuda is asked for and LibTorch has none.
+torch::Device pick_device(const std::string& want, int local_rank);
 
 // Host batches to device tensors. On CPU the tensor wraps the loader's buffer (no copy). On CUDA
 // the batch is staged in pinned memory and copied host-to-device with a non_blocking copy on a

@@ -41,13 +41,14 @@ nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::js
 
 namespace {
 
-nlohmann::json batch_rows(const data::Batch& b, const data::Manifest& manifest) {
+nlohmann::json batch_rows(const data::Batch& b, const std::vector<data::Manifest>& sources) {
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t r = 0; r < b.rows; ++r) {
     const auto& o = b.origins[static_cast<size_t>(r)];
     rows.push_back({{"inputs", std::vector<int64_t>(b.inputs.begin() + r * b.cols, b.inputs.begin() + (r + 1) * b.cols)},
                     {"targets", std::vector<int64_t>(b.targets.begin() + r * b.cols, b.targets.begin() + (r + 1) * b.cols)},
-                    {"shard", o.shard}, {"shard_file", manifest.shards.at(o.shard).file}, {"doc", o.doc},
+                    {"source", o.source}, {"data_dir", sources.at(o.source).dir}, {"shard", o.shard},
+                    {"shard_file", sources.at(o.source).shards.at(o.shard).file}, {"doc", o.doc},
                     {"offset", o.offset}});
   }
   return rows;
@@ -56,12 +57,13 @@ nlohmann::json batch_rows(const data::Batch& b, const data::Manifest& manifest) 
 }  // namespace
 
 void write_anomaly_evidence(const std::string& run_dir, int rank, const AnomalyFacts& f,
-                            const std::vector<data::Batch>& batches, const data::Manifest& manifest) {
+                            const std::vector<data::Batch>& batches, const std::vector<data::Manifest>& sources) {
+  const data::Manifest& manifest = sources.at(0);
   const std::string dir = run_dir::anomaly(run_dir, f.step);
   files::make_dirs(dir);
   nlohmann::json micro = nlohmann::json::array();
   for (const auto& b : batches)
-    micro.push_back({{"batch_index", b.index}, {"epoch", b.epoch}, {"hash", hex64(b.hash)}, {"rows", batch_rows(b, manifest)}});
+    micro.push_back({{"batch_index", b.index}, {"epoch", b.epoch}, {"hash", hex64(b.hash)}, {"rows", batch_rows(b, sources)}});
   files::write_file_atomic(dir + "/rank_" + std::to_string(rank) + ".json",
                            nlohmann::json{{"step", f.step}, {"rank", rank}, {"data_dir", manifest.dir},
                                           {"data_version", manifest.data_version}, {"micro_batches", micro}}

@@ -48,7 +48,8 @@ nlohmann::json finite_or_null(double v);
 
 // Writes RUN_DIR/anomalies/step_<N>/rank_<r>.json: this rank's batches (token ids, and the shard,
 // document and offset of each row: enough to replay the batch offline); rank 0 also step.json.
+// sources: the data sources' manifests (one for data.train), indexed by SampleOrigin::source.
 void write_anomaly_evidence(const std::string& run_dir, int rank, const AnomalyFacts& facts,
-                            const std::vector<data::Batch>& batches, const data::Manifest& manifest);
+                            const std::vector<data::Batch>& batches, const std::vector<data::Manifest>& sources);
 
 }  // namespace lm

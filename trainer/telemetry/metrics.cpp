@@ -113,6 +113,16 @@ void MetricsSink::run() {
   idle_cv_.notify_all();
 }
 
+void MetricsSink::mixture_scalars(const nlohmann::json& rec, int64_t step, double wall) {
+  auto w = rec.find(records::kSourceTokens), t = rec.find(records::kSourceTokensTotal);
+  if (w == rec.end() || t == rec.end() || !w->is_object() || !t->is_object()) return;
+  double total = 0;
+  for (const auto& [name, v] : t->items()) total += v.get<double>();
+  for (const auto& [name, v] : w->items()) tb_->scalar("data/tokens/" + name, step, v.get<double>(), wall);
+  for (const auto& [name, v] : t->items())
+    if (total > 0) tb_->scalar("data/share/" + name, step, 100.0 * v.get<double>() / total, wall);
+}
+
 void MetricsSink::handle(const nlohmann::json& rec) {
   const std::string line = rec.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), jsonl_);
@@ -126,6 +136,7 @@ void MetricsSink::handle(const nlohmann::json& rec) {
     };
     if (kind == records::kTrain) {
       for (const char* key : kTrainScalars) scalar(std::string("train/") + key, key);
+      mixture_scalars(rec, step, wall);
     } else if (kind == records::kVal) {
       scalar("val/loss", records::kValLoss);
       scalar("val/loss_ema", records::kValLossEma);

@@ -48,6 +48,8 @@ class MetricsSink {
  private:
   void run();
   void handle(const nlohmann::json& rec);
+  // A train record's tokens per source: data/tokens/NAME (window) and data/share/NAME (run, %).
+  void mixture_scalars(const nlohmann::json& rec, int64_t step, double wall);
   void console_line(const nlohmann::json& rec);
   void long_window(const nlohmann::json& rec);
 

@@ -4,7 +4,8 @@
 //
 // Every line of RUN_DIR/metrics.jsonl is one JSON object with "kind", "step" (optimizer steps done)
 // and "time" (unix seconds). The kinds and their fields:
-//   train       a logged window of log.every_steps steps: loss ... batch_hash (see kFields)
+//   train       a logged window of log.every_steps steps: loss ... batch_hash (see kFields),
+//               source_tokens, source_tokens_total (per source, below)
 //   val         val_loss (and val_loss_ema with train.ema_decay)
 //   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s
 //   resume      checkpoint, recovery_ms, load_ms
@@ -65,6 +66,11 @@ constexpr const char* kTokensPerSMax = "tokens_per_s_max";
 constexpr const char* kMfuPctMean = "mfu_pct_mean";
 constexpr const char* kMfuPctMin = "mfu_pct_min";
 constexpr const char* kMfuPctMax = "mfu_pct_max";
+// The realised data mixture, in "train" records: objects {source name: target tokens} of the
+// window (kSourceTokens) and of the whole run (kSourceTokensTotal). TensorBoard: data/tokens/NAME,
+// data/share/NAME (the run's realised share, %).
+constexpr const char* kSourceTokens = "source_tokens";
+constexpr const char* kSourceTokensTotal = "source_tokens_total";
 // summary.json (written once at the end): steps, first_loss, last_loss, val_loss, tokens_per_s,
 // wall_s, world_size, telemetry_ms_per_step, padding_pct (bucketed).
 constexpr const char* kSteps = "steps";

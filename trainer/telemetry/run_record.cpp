@@ -14,6 +14,8 @@
 #include <fstream>
 #include <thread>
 
+#include "data/loader/loader.h"
+
 #include "common/build_info.h"
 #include "common/compat.h"
 #include "common/files.h"
@@ -120,6 +122,21 @@ void RunRecord::finish(const std::string& status, int exit_code, const std::stri
   write();
 }
 
+nlohmann::json describe_mixture(const DataConfig& c, const std::vector<data::Manifest>& sources) {
+  if (c.sources.empty()) return nullptr;
+  nlohmann::json src = nlohmann::json::array(), stages = nlohmann::json::array();
+  for (size_t i = 0; i < c.sources.size(); ++i)
+    src.push_back({{"name", c.sources[i].name}, {"path", c.sources[i].path}, {"data_version", sources.at(i).data_version},
+                   {"weight", c.sources[i].weight}, {"max_epochs", c.sources[i].max_epochs},
+                   {"train_tokens", sources.at(i).split_tokens("train")}});
+  for (const auto& st : c.stages) {
+    nlohmann::json w = nlohmann::json::object();
+    for (const auto& [name, v] : st.weights) w[name] = v;
+    stages.push_back({{"until", st.until_step}, {"until_tokens", st.until_tokens}, {"weights", w}});
+  }
+  return {{"sources", src}, {"stages", stages}, {"data_version", data::mixture_version(c, sources)}};
+}
+
 nlohmann::json describe_run(const RunFacts& f) {
   nlohmann::json gpu = nullptr;
   if (!f.gpu.model.empty())
@@ -130,7 +147,9 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"command", f.command},
           {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
           {"config", f.config},
-          {"data", {{"dir", m.dir}, {"data_version", m.data_version},
+          {"data", {{"dir", m.dir},
+                    {"data_version", f.mixture.is_null() ? nlohmann::json(m.data_version) : f.mixture.at("data_version")},
+                    {"mixture", f.mixture},
                     {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
                                    {"hash", m.tokenizer.hash}}},
                     {"train_tokens", m.split_tokens("train")}}},

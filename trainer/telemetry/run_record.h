@@ -6,8 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 #include "data/format/manifest.h"
+#include "data/loader/data_config.h"
 #include "trainer/runtime/device.h"
 
 namespace lm {
@@ -16,7 +18,8 @@ namespace lm {
 struct RunFacts {
   std::string command;
   nlohmann::json config;     // the resolved config as JSON
-  data::Manifest data;       // the training data
+  data::Manifest data;       // the training data (a mixture: its first source)
+  nlohmann::json mixture;    // describe_mixture(); null for data.train
   GpuInfo gpu;               // empty model on CPU
   int world_size = 1;
   std::string launch;        // torchrun | slurm | single
@@ -25,6 +28,9 @@ struct RunFacts {
 };
 // meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model.
 nlohmann::json describe_run(const RunFacts& f);
+// A mixture for meta.json: its sources (name, path, data_version, weight, max_epochs, train tokens)
+// and stages; null for the one-source data.train.
+nlohmann::json describe_mixture(const DataConfig& c, const std::vector<data::Manifest>& sources);
 // nvidia-smi's view of the GPUs into RUN_DIR/logs/nvidia-smi_<when>.rank<r>.txt (call on CUDA only).
 void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank);
 

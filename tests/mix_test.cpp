@@ -1,0 +1,288 @@
+// Data mixtures in the loader (data/loader/mix.h): exact resume at every batch boundary of a
+// 3-source mixture (packed and bucketed, 1 and 3 workers, 2 ranks), a weight edit at a resume
+// audited sample by sample against each source's own stream, token shares within one sequence of
+// the weights, stages, a tiny source that wraps and is capped, and the refused inputs and changes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "common/checksum.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "data/format/manifest.h"
+#include "data/format/shard.h"
+#include "data/loader/loader.h"
+#include "tests/testutil.h"
+
+namespace lm::data {
+namespace {
+
+using test::data_error;
+using test::TempDir;
+constexpr int64_t kT = 8;  // seq_len
+constexpr int W = 2;       // ranks
+
+// A prepared source under DIR/NAME: `shards` train shards of random documents of 1..3*kT tokens
+// (every token id unique within the source) and a val shard. `tok` names the tokenizer (its hash).
+Manifest make_source(const std::string& root, const std::string& name, std::vector<int> docs_per_shard, unsigned seed,
+                     const std::string& tok = "bytes") {
+  const std::string dir = root + "/" + name;
+  files::make_dirs(dir);
+  Manifest m;
+  m.dtype = "uint32";
+  m.tokenizer = {"bytes", 100000, 99998, 99999, "", hex64(xxh64(tok.data(), tok.size()))};
+  std::mt19937 g(seed);
+  uint32_t next = 1;
+  docs_per_shard.push_back(1);  // val
+  for (size_t i = 0; i < docs_per_shard.size(); ++i) {
+    const bool val = i + 1 == docs_per_shard.size();
+    ShardInfo s{(val ? "val_" : "train_") + std::to_string(i) + ".bin", val ? "val" : "train", 0, 0, ""};
+    ShardWriter w(dir + "/" + s.file, TokenDtype::kU32);
+    for (int d = 0; d < docs_per_shard[i]; ++d) {
+      std::vector<uint32_t> doc(1 + g() % (3 * kT));
+      for (auto& t : doc) t = next++;
+      w.add_document(doc.data(), doc.size());
+      s.tokens += doc.size(), ++s.docs;
+    }
+    s.xxh64 = hex64(w.finish());
+    m.shards.push_back(s);
+  }
+  m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
+  files::write_file_atomic(dir + "/manifest.json", m.to_json());
+  return Manifest::load(dir);
+}
+
+struct Mix {
+  TempDir tmp;
+  DataConfig cfg;
+  std::vector<Manifest> manifests;
+  Mix(const std::string& mode, int64_t workers) {
+    cfg.mode = mode;
+    cfg.workers = workers;
+    cfg.shuffle_buffer = 16;
+    manifests = {make_source(tmp.path(), "web", {30, 20}, 1), make_source(tmp.path(), "code", {25}, 2),
+                 make_source(tmp.path(), "tiny", {4}, 3)};
+    cfg.sources = {{"web", manifests[0].dir, 5, 0}, {"code", manifests[1].dir, 3, 0}, {"tiny", manifests[2].dir, 2, 0}};
+  }
+};
+
+// One global batch: every rank's batch.
+using Global = std::vector<Batch>;
+
+struct Ranks {
+  std::vector<std::unique_ptr<Loader>> l;
+  Ranks(const DataConfig& c, const std::vector<Manifest>& m, int64_t B, int world, const std::string& from = "",
+        bool force = false, int64_t accum = 1) {
+    for (int r = 0; r < world; ++r) {
+      l.push_back(std::make_unique<Loader>(c, m, "train", kT, B, r, world, 9, accum));
+      if (!from.empty()) l.back()->load_state(LoaderState::from_json(from), force);
+    }
+  }
+  Global next() {
+    Global g;
+    for (auto& x : l) g.push_back(x->next());
+    return g;
+  }
+  std::string state() const {
+    const std::string s = l[0]->state().to_json();
+    for (auto& x : l) EXPECT_EQ(x->state().to_json(), s) << "ranks agree on the state";
+    return s;
+  }
+};
+
+void expect_same(const Global& a, const Global& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t r = 0; r < a.size(); ++r) {
+    EXPECT_EQ(a[r].hash, b[r].hash) << what << " rank " << r;
+    EXPECT_TRUE(a[r].inputs == b[r].inputs && a[r].origins == b[r].origins) << what << " rank " << r;
+    EXPECT_EQ(a[r].source_tokens, b[r].source_tokens) << what;
+  }
+}
+
+TEST(MixTest, ExactResumeAtEveryBatchBoundary) {
+  for (const std::string mode : {"packed", "bucketed"})
+    for (int64_t workers : {1, 3}) {
+      Mix mix(mode, workers);
+      Ranks full(mix.cfg, mix.manifests, 3, W);
+      std::vector<Global> ref;
+      std::vector<std::string> states{full.state()};
+      for (int k = 0; k < 40; ++k) ref.push_back(full.next()), states.push_back(full.state());
+      for (size_t k = 0; k < ref.size(); ++k) {
+        Ranks resumed(mix.cfg, mix.manifests, 3, W, states[k]);
+        for (size_t i = k; i < std::min(ref.size(), k + 4); ++i)
+          expect_same(resumed.next(), ref[i], mode + " workers " + std::to_string(workers) + " resumed after " + std::to_string(k));
+        ASSERT_FALSE(::testing::Test::HasFailure());
+      }
+      // The same stream whatever the worker count and rank count (one rank of 2*3 rows).
+      Ranks one(mix.cfg, mix.manifests, 3 * W, 1);
+      for (const Global& g : ref) {
+        const Batch b = one.next()[0];
+        std::vector<SampleOrigin> both;
+        for (const Batch& x : g) both.insert(both.end(), x.origins.begin(), x.origins.end());
+        auto key = [](const SampleOrigin& o) { return std::make_tuple(o.source, o.shard, o.doc, o.offset); };
+        auto sorted = [&](std::vector<SampleOrigin> v) {
+          std::sort(v.begin(), v.end(), [&](const auto& x, const auto& y) { return key(x) < key(y); });
+          return v;
+        };
+        EXPECT_TRUE(sorted(both) == sorted(b.origins)) << mode << ": 2 ranks x 3 rows == 1 rank x 6 rows";
+        EXPECT_EQ(b.source_tokens, g[0].source_tokens);
+      }
+    }
+}
+
+// Each source's samples, in order of consumption, as that source's own stream gives them (a
+// one-source mixture of it alone, same name and seed) must be a prefix: the multiset of the first n.
+void audit_against_own_stream(const Mix& mix, size_t s, const std::vector<SampleOrigin>& got) {
+  DataConfig one = mix.cfg;
+  one.sources = {mix.cfg.sources[s]};
+  one.stages.clear();
+  Loader own(one, {mix.manifests[s]}, "train", kT, 1, 0, 1, 9, 1);
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, int> want, have;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const SampleOrigin o = own.next().origins.at(0);
+    ++want[{o.shard, o.doc, o.offset}];
+    ++have[{got[i].shard, got[i].doc, got[i].offset}];
+  }
+  EXPECT_TRUE(want == have) << "source " << mix.cfg.sources[s].name << ": " << got.size()
+                            << " samples are not its stream's first ones (a repeat or a skip)";
+}
+
+// Per batch: tokens per source from the rows equal Batch::source_tokens; each source's share of the
+// segment's tokens stays within one sequence of its weight.
+void check_shares(const std::vector<Global>& run, const std::vector<double>& w, size_t from, size_t to, const std::string& what) {
+  std::vector<double> seg(w.size(), 0);
+  double total = 0, worst = 0;
+  for (size_t k = from; k < to; ++k) {
+    for (size_t s = 0; s < w.size(); ++s) seg[s] += run[k][0].source_tokens[s], total += run[k][0].source_tokens[s];
+    for (size_t s = 0; s < w.size(); ++s) worst = std::max(worst, std::abs(seg[s] - w[s] * total));
+  }
+  EXPECT_LE(worst, kT + 1) << what << ": a source's tokens left its target by more than one sequence";
+  EXPECT_GT(total, 0);
+}
+
+TEST(MixTest, WeightEditAtResumeNeitherRepeatsNorSkips) {
+  for (const std::string mode : {"packed", "bucketed"}) {
+    Mix mix(mode, 2);
+    mix.cfg.sources[2].weight = 0.5;
+    std::vector<Global> run;
+    Ranks before(mix.cfg, mix.manifests, 2, W);
+    for (int k = 0; k < 30; ++k) run.push_back(before.next());
+    const std::string state = before.state();
+    DataConfig edited = mix.cfg;
+    edited.sources[0].weight = 1, edited.sources[1].weight = 6, edited.sources[2].weight = 1;
+    Ranks after(edited, mix.manifests, 2, W, state);
+    for (int k = 0; k < 40; ++k) run.push_back(after.next());
+    check_shares(run, {5 / 8.5, 3 / 8.5, 0.5 / 8.5}, 0, 30, mode + " before the edit");
+    check_shares(run, {1 / 8.0, 6 / 8.0, 1 / 8.0}, 30, run.size(), mode + " after the edit");
+    std::vector<std::vector<SampleOrigin>> per(3);
+    for (const Global& g : run) {
+      std::vector<int64_t> tokens(3, 0);
+      for (const Batch& b : g)
+        for (int64_t r = 0; r < b.rows; ++r) {
+          per[b.origins[r].source].push_back(b.origins[r]);
+          for (int64_t t = 0; t < b.cols; ++t) tokens[b.origins[r].source] += b.targets[r * b.cols + t] != -1;
+        }
+      EXPECT_EQ(tokens, g[0].source_tokens) << mode << ": source_tokens counts the rows of every rank";
+    }
+    for (size_t s = 0; s < 3; ++s) audit_against_own_stream(mix, s, per[s]);
+    // The tiny source (4 docs) wrapped several times at weight 1/8.
+    EXPECT_GT(per[2].size(), 4 * 2u) << mode;
+  }
+}
+
+TEST(MixTest, StagesSwitchAtTheirStep) {
+  Mix mix("packed", 2);
+  mix.cfg.stages = {{5, 0, {{"web", 1}}}, {0, 0, {{"code", 1}, {"tiny", 1}}}};
+  Ranks l(mix.cfg, mix.manifests, 2, 1, "", false, /*accum=*/2);  // stage 1 ends at step 5 = batch 10
+  for (int k = 0; k < 20; ++k) {
+    const auto st = l.next()[0].source_tokens;
+    if (k < 10) EXPECT_TRUE(st[1] == 0 && st[2] == 0) << "batch " << k;
+    else EXPECT_EQ(st[0], 0) << "batch " << k;
+  }
+}
+
+TEST(MixTest, TinySourceWrapsIsLoggedAndCapped) {
+  TempDir logdir;
+  log::init(logdir / "log.txt", false);
+  Mix mix("packed", 1);
+  mix.cfg.sources[2].weight = 50;
+  mix.cfg.sources[2].max_epochs = 2;
+  DataConfig alone = mix.cfg;
+  alone.sources = {mix.cfg.sources[2]};
+  const int64_t n = Loader(alone, {mix.manifests[2]}, "train", kT, 1, 0, 1, 9, 1).samples_per_epoch();
+  Ranks l(mix.cfg, mix.manifests, 4, 1);
+  int64_t tiny = 0, others = 0;
+  for (int k = 0; k < 60; ++k)
+    for (const auto& o : l.next()[0].origins) (o.source == 2 ? tiny : others) += 1;
+  EXPECT_EQ(tiny, 2 * n) << "exactly max_epochs epochs of the tiny source";
+  EXPECT_EQ(tiny + others, 60 * 4);
+  const std::string log = test::read_text(logdir / "log.txt");
+  log::init("", false);
+  EXPECT_NE(log.find("source 'tiny' starts epoch 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("source 'tiny' reached max_epochs=2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("source 'tiny' starts epoch 2"), std::string::npos) << log;
+}
+
+TEST(MixTest, RefusedInputsAndChanges) {
+  Mix mix("packed", 1);
+  // Mismatched tokenizers: both sources named.
+  make_source(mix.tmp.path(), "other", {3}, 4, "sentencepiece-x");
+  DataConfig c = mix.cfg;
+  c.sources.push_back({"other", mix.tmp / "other", 1, 0});
+  std::string e = data_error([&] { open_sources(c); });
+  EXPECT_NE(e.find("source 'web'"), std::string::npos) << e;
+  EXPECT_NE(e.find("source 'other'"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  // A missing source names its directory.
+  c = mix.cfg;
+  c.sources[1].path = mix.tmp / "nowhere";
+  e = data_error([&] { open_sources(c); });
+  EXPECT_NE(e.find(mix.tmp / "nowhere"), std::string::npos) << e;
+  // Unknown source in a stage; non-positive weights; both data.train and data.sources.
+  auto config_error = [](const DataConfig& d) {
+    try {
+      validate(d, kT);
+    } catch (const ConfigError& x) {
+      return std::string(x.what());
+    }
+    return std::string("no error");
+  };
+  c = mix.cfg;
+  c.stages = {{0, 0, {{"webb", 1}}}};
+  EXPECT_EQ(config_error(c), "key 'data.stages': stage 1 names unknown source 'webb'");
+  c = mix.cfg;
+  c.sources[1].weight = 0;
+  EXPECT_EQ(config_error(c), "key 'data.sources': source 'code': weight must be > 0, got 0.000000");
+  c.sources[1].weight = -1;
+  EXPECT_NE(config_error(c).find("weight must be > 0"), std::string::npos);
+  // At resume: a read source removed, or changed, is refused naming it; force continues.
+  Ranks l(mix.cfg, mix.manifests, 2, 1);
+  for (int k = 0; k < 5; ++k) l.next();
+  const std::string state = l.state();
+  c = mix.cfg;
+  c.sources.erase(c.sources.begin() + 1);
+  std::vector<Manifest> two = {mix.manifests[0], mix.manifests[2]};
+  e = data_error([&] { Ranks r(c, two, 2, 1, state); });
+  EXPECT_NE(e.find("source 'code' was read"), std::string::npos) << e;
+  Ranks forced(c, two, 2, 1, state, /*force=*/true);
+  forced.next();
+  Manifest changed = make_source(mix.tmp.path(), "code2", {25}, 77);
+  c = mix.cfg;
+  c.sources[1].path = changed.dir;
+  e = data_error([&] { Ranks r(c, {mix.manifests[0], changed, mix.manifests[2]}, 2, 1, state); });
+  EXPECT_NE(e.find("source 'code' changed: data version"), std::string::npos) << e;
+  // Appending a source is allowed: it starts at its beginning.
+  c = mix.cfg;
+  Manifest extra = make_source(mix.tmp.path(), "extra", {6}, 5);
+  c.sources.push_back({"extra", extra.dir, 2, 0});
+  Ranks appended(c, {mix.manifests[0], mix.manifests[1], mix.manifests[2], extra}, 2, 1, state);
+  int64_t extra_tokens = 0;
+  for (int k = 0; k < 10; ++k) extra_tokens += appended.next()[0].source_tokens[3];
+  EXPECT_GT(extra_tokens, 0);
+}
+
+}  // namespace
+}  // namespace lm::data

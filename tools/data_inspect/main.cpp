@@ -1,0 +1,120 @@
+// `data-inspect`: what the loader of a config feeds the model, without training (torch-free).
+//
+//   data-inspect --config CFG.yaml [--set key=value ...] [--batch N] [--world-size W] [--mixture]
+//
+// Prints one JSON object:
+//   mixture  the planned mixture per stage: each stage's end (step or tokens) and every source's
+//            normalised token weight; with each source's directory, data version, train tokens and
+//            samples per epoch (data.train alone: one source "train")
+//   batch    (unless --mixture) global micro-batch N (0-based; step N / train.grad_accum) as the
+//            trainer with W ranks reads it: per rank, per row the source, shard (index and file),
+//            document index and token offset where the row starts, and its target tokens; and
+//            the global batch's target tokens per source.
+// Exit codes: 0; 2 with one line for a bad config, data or command line.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "data/loader/loader.h"
+#include "trainer/config.h"
+
+namespace lm {
+namespace {
+
+nlohmann::json planned_mixture(const DataConfig& c, const std::vector<data::Manifest>& m, const std::vector<int64_t>& n) {
+  const auto names = data::source_names(c);
+  nlohmann::json sources = nlohmann::json::array(), stages = nlohmann::json::array();
+  for (size_t i = 0; i < m.size(); ++i)
+    sources.push_back({{"name", names[i]}, {"dir", m[i].dir}, {"data_version", m[i].data_version},
+                       {"train_tokens", m[i].split_tokens("train")}, {"samples_per_epoch", n[i]},
+                       {"max_epochs", c.sources.empty() ? 0 : c.sources[i].max_epochs}});
+  auto normalised = [&](const std::vector<double>& w) {
+    double sum = 0;
+    for (double x : w) sum += x;
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t i = 0; i < w.size(); ++i) out[names[i]] = w[i] / sum;
+    return out;
+  };
+  std::vector<double> base;
+  for (size_t i = 0; i < m.size(); ++i) base.push_back(c.sources.empty() ? 1.0 : c.sources[i].weight);
+  if (c.stages.empty()) stages.push_back({{"until", nullptr}, {"weights", normalised(base)}});
+  for (const auto& st : c.stages) {
+    std::vector<double> w(m.size(), 0.0);
+    for (const auto& [name, v] : st.weights)
+      for (size_t i = 0; i < names.size(); ++i)
+        if (names[i] == name) w[i] = v;
+    nlohmann::json until = st.until_tokens > 0 ? nlohmann::json{{"tokens", st.until_tokens}}
+                           : st.until_step > 0 ? nlohmann::json{{"step", st.until_step}} : nlohmann::json(nullptr);
+    stages.push_back({{"until", until}, {"weights", normalised(w)}});
+  }
+  return {{"sources", sources}, {"stages", stages}, {"data_version", data::mixture_version(c, m)}};
+}
+
+nlohmann::json batch_json(const ExperimentConfig& cfg, const std::vector<data::Manifest>& m, uint64_t index, int world) {
+  const auto names = data::source_names(cfg.data);
+  nlohmann::json ranks = nlohmann::json::array(), tokens = nlohmann::json::object();
+  for (int r = 0; r < world; ++r) {
+    auto l = data::open_loader(cfg.data, m, "train", cfg.model.seq_len, cfg.train.micro_batch_size, r, world,
+                               static_cast<uint64_t>(cfg.run.seed), cfg.train.grad_accum);
+    data::Batch b;
+    for (uint64_t k = 0; k <= index; ++k) b = l->next();
+    nlohmann::json rows = nlohmann::json::array();
+    for (int64_t i = 0; i < b.rows; ++i) {
+      const auto& o = b.origins[static_cast<size_t>(i)];
+      int64_t targets = 0;
+      for (int64_t t = 0; t < b.cols; ++t) targets += b.targets[static_cast<size_t>(i * b.cols + t)] != -1;
+      rows.push_back({{"source", names[o.source]}, {"shard", o.shard}, {"shard_file", m[o.source].shards.at(o.shard).file},
+                      {"doc", o.doc}, {"offset", o.offset}, {"target_tokens", targets}});
+    }
+    ranks.push_back({{"rank", r}, {"epoch", b.epoch}, {"rows", rows}});
+    for (size_t s = 0; s < b.source_tokens.size(); ++s) tokens[names[s]] = b.source_tokens[s];
+  }
+  return {{"index", index}, {"step", index / static_cast<uint64_t>(cfg.train.grad_accum)}, {"world_size", world},
+          {"source_tokens", tokens}, {"ranks", ranks}};
+}
+
+int run(int argc, char** argv) {
+  std::string config;
+  std::vector<std::string> sets;
+  uint64_t batch = 0;
+  int world = 1;
+  bool mixture_only = false;
+  CLI::App app{"data-inspect: the documents of a global batch of a config, and its planned mixture per stage"};
+  app.add_option("--config", config, "experiment YAML")->required();
+  app.add_option("--set", sets, "key=value override (repeatable)");
+  app.add_option("--batch", batch, "global micro-batch index (0-based)");
+  app.add_option("--world-size", world, "ranks the batch is dealt to")->check(CLI::Range(1, 1024));
+  app.add_flag("--mixture", mixture_only, "only the planned mixture");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  log::init("", false);
+  const ExperimentConfig cfg = load_config(config, sets);
+  const std::vector<data::Manifest> m = data::open_sources(cfg.data);
+  std::vector<int64_t> per_epoch;
+  for (size_t i = 0; i < m.size(); ++i) {
+    DataConfig one = cfg.data;
+    if (!one.sources.empty()) one.sources = {cfg.data.sources[i]}, one.stages.clear();
+    per_epoch.push_back(data::open_loader(one, {m[i]}, "train", cfg.model.seq_len, 1, 0, 1, 0, 1)->samples_per_epoch());
+  }
+  nlohmann::json out = {{"mixture", planned_mixture(cfg.data, m, per_epoch)}};
+  if (!mixture_only) out["batch"] = batch_json(cfg, m, batch, world);
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace lm
+
+int main(int argc, char** argv) {
+  return lm::run_main("data-inspect", [&] { return lm::run(argc, argv); });
+}
