@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "data/loader/loader.h"
+#include "data/remote/store.h"
 #include "data/format/shard.h"
 #include "common/errors.h"
 #include "common/checksum.h"
@@ -109,7 +110,11 @@ int main(int argc, char** argv) {
     int64_t budget = 0;
     uint64_t tokens = 0, shard_tokens = 128000000, seed = 1;
     bool memcpy = false;
-    app.add_option("--data", data, "prepared dataset directory");
+    lm::DataConfig cfg;
+    app.add_option("--data", data, "prepared dataset directory, or its http(s):// or s3:// URL");
+    app.add_option("--cache-dir", cfg.cache_dir, "remote --data: the shard cache");
+    app.add_option("--cache-mb", cfg.cache_limit_mb, "remote --data: cache limit (MiB)");
+    app.add_option("--remote-ahead", cfg.remote_ahead, "remote --data: shards fetched ahead");
     app.add_option("--mode", mode, "packed | bucketed");
     app.add_option("--workers", workers);
     app.add_option("--prefetch", prefetch);
@@ -140,9 +145,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     RssSampler rss;
-    lm::DataConfig cfg;
     cfg.mode = mode, cfg.workers = workers, cfg.prefetch = prefetch, cfg.token_budget = budget;
-    lm::data::Loader loader(cfg, lm::data::Manifest::load(data), "train", seq, batch, 0, 1, seed);
+    lm::data::Loader loader(cfg, lm::data::open_dataset(data, "--data", lm::data::remote_options(cfg)), "train", seq, batch,
+                            0, 1, seed);
     for (int64_t i = 0; i < warmup; ++i) loader.next();
     int64_t real = 0, out_bytes = 0;
     double wait_ms = 0;

@@ -5,6 +5,7 @@
 
 #include "common/compat.h"
 #include "common/log.h"
+#include "data/remote/store.h"
 #include "trainer/dist/process_group.h"
 
 namespace lm {
@@ -12,7 +13,7 @@ namespace lm {
 std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const data::Manifest& train,
                                              const torch::Device& device, int rank, int world) {
   if (cfg.eval.batches <= 0) return nullptr;
-  data::Manifest m = cfg.data.val.empty() ? train : data::Manifest::load(cfg.data.val);
+  data::Manifest m = cfg.data.val.empty() ? train : data::open_dataset(cfg.data.val, "data.val", data::remote_options(cfg.data));
   const std::string split = m.split_tokens("val") > 0 ? "val" : "train";
   if (m.split_tokens(split) <= static_cast<uint64_t>(cfg.model.seq_len)) {
     if (rank == 0) log::warn("no validation data in " + m.dir + ": validation disabled");

@@ -25,7 +25,8 @@ struct Loader::Impl {
   Impl(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len, int64_t micro_batch,
        int rank, int world, uint64_t seed)
       : set(m, split, c.verify == "full",
-            [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); }),
+            [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); },
+            c.mode == "bucketed" ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }),
         planner(c, set, seq_len, micro_batch, rank, world, seed),
         workers(c, set, planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id),
         fingerprint(make_fingerprint(c, m.data_version, split, seq_len, seed, planner.shuffle_block())) {}
@@ -48,6 +49,10 @@ Loader::Loader(const DataConfig& cfg, const Manifest& m, const std::string& spli
                int64_t micro_batch, int rank, int world_size, uint64_t seed)
     : impl_(std::make_unique<Impl>(checked(cfg, seq_len, micro_batch, rank, world_size), m, split, seq_len, micro_batch,
                                    rank, world_size, seed)) {
+  // Remote datasets: a shuffle block's stretch of the stream (packed: its windows) and what follows.
+  const uint64_t block = impl_->planner.shuffle_block() * static_cast<uint64_t>(cfg.mode == "bucketed" ? 1 : seq_len) + 1;
+  impl_->set.plan_ahead(impl_->set.max_span(block) + static_cast<size_t>(cfg.remote_ahead),
+                        static_cast<size_t>(cfg.workers) + 1);
   impl_->workers.start(0, 0);
 }
 
@@ -67,6 +72,8 @@ LoaderState Loader::state() const {
   impl_->planner.save(s);
   return s;
 }
+
+void Loader::rewind_to(uint64_t batches) { impl_->workers.rewind_to(batches); }
 
 void Loader::load_state(const LoaderState& s) {
   check_resumable(s, impl_->fingerprint);

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <tuple>
 
 #include "data/loader/token_walk.h"
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace lm::data {
 
@@ -25,6 +27,7 @@ void Workers::start(uint64_t batches, uint64_t cursor) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     slots_.clear();
+    history_.clear();
     planned_ = returned_ = batches;
     cursor_returned_ = cursor;
     failed_ = false;
@@ -82,6 +85,8 @@ Batch Workers::next() {
   last_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (it->second.error) std::rethrow_exception(it->second.error);  // the slot stays: sticky
   Batch b = std::move(it->second.batch);
+  history_.emplace_back(returned_, cursor_returned_);
+  if (history_.size() > 1024) history_.pop_front();
   cursor_returned_ = it->second.cursor_after;
   slots_.erase(it);
   ++returned_;
@@ -98,6 +103,13 @@ double Workers::last_wait_ms() const {
 std::pair<uint64_t, uint64_t> Workers::returned() const {
   std::lock_guard<std::mutex> lk(mu_);
   return {returned_, cursor_returned_};
+}
+
+void Workers::rewind_to(uint64_t batches) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (; returned_ > batches && !history_.empty(); history_.pop_back())
+    std::tie(returned_, cursor_returned_) = history_.back();
+  if (returned_ != batches) throw Error(strf("loader: cannot rewind to batch %llu", static_cast<unsigned long long>(batches)));
 }
 
 // ---- reading a planned batch (outside the lock) ------------------------------------------------

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -44,6 +45,9 @@ class Workers {
   double last_wait_ms() const;
   // Batches returned so far, and the stream cursor after the last of them.
   std::pair<uint64_t, uint64_t> returned() const;
+  // returned() goes back to when `batches` had been returned (one of the last 1024); for a state
+  // taken after a failed next() (Loader::rewind_to). Throws lm::Error when that is too far back.
+  void rewind_to(uint64_t batches);
 
  private:
   struct Slot {
@@ -68,6 +72,7 @@ class Workers {
   std::condition_variable work_cv_, ready_cv_;
   std::map<uint64_t, Slot> slots_;  // by batch number
   uint64_t planned_ = 0, returned_ = 0, cursor_returned_ = 0;
+  std::deque<std::pair<uint64_t, uint64_t>> history_;  // returned() before each of the last batches
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pool_;
   double last_wait_ms_ = 0;

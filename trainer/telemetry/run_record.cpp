@@ -87,7 +87,11 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"data", {{"dir", m.dir}, {"data_version", m.data_version},
                     {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
                                    {"hash", m.tokenizer.hash}}},
-                    {"train_tokens", m.split_tokens("train")}}},
+                    {"train_tokens", m.split_tokens("train")},
+                    // Where each source lives and which data it held (remote ones: s3:// or http(s)://).
+                    {"sources", nlohmann::json::array({{{"location", m.dir},
+                                                        {"kind", !m.source ? "local" : m.dir.rfind("s3://", 0) == 0 ? "s3" : "http"},
+                                                        {"data_version", m.data_version}}})}}},
           {"host", host_info()},
           {"gpu", gpu},
           {"libtorch", compat::torch_version()},
