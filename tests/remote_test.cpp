@@ -108,6 +108,26 @@ TEST_F(RemoteTest, LoaderOverS3EqualsLocal) {
   for (const char* v : {"AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) ::unsetenv(v);
 }
 
+// Through the fault proxy at 30% failing requests (drops, stalls, truncations, 503s): the same
+// batches, and truncated downloads were resumed with Range requests (nginx answered 206).
+TEST_F(RemoteTest, LoaderThroughFaultsResumesWithRange) {
+  const std::string data = make_dataset(tmp_.path(), 6000, 20000);
+  auto nginx = start_nginx(tmp_.path(), tmp_.path());
+  ASSERT_TRUE(nginx->up());
+  auto proxy = test::start_proxy(nginx->port, tmp_.path(), {"--fail", "0.3", "--stall-s", "0.5", "--seed", "5"});
+  ASSERT_TRUE(proxy->up());
+  const DataConfig c = loader_config(tmp_ / "cache", 64);
+  const data::Manifest local = data::Manifest::load(data);
+  const data::Manifest remote =
+      data::open_dataset("http://127.0.0.1:" + std::to_string(proxy->port) + "/data", "data.train", data::remote_options(c));
+  data::Loader probe(c, local, "train", 64, 8, 0, 1, 7);
+  const int n = static_cast<int>(probe.samples_per_epoch() / 8);  // an epoch: every shard
+  EXPECT_EQ(hashes(c, remote, n), hashes(c, local, n));
+  const std::string stats = test::read_text(tmp_ / "proxy_stats.json");
+  EXPECT_EQ(stats.find("\"truncate\": 0,"), std::string::npos) << stats;
+  EXPECT_GT(count_in(test::read_text(tmp_ / "nginx/access.log"), "\" 206 "), 0) << stats;
+}
+
 // A shard whose served bytes differ from the manifest is refused before use (DataError naming the
 // URL and both checksums), and so is a shard the server does not have (404).
 TEST_F(RemoteTest, BadShardOnServerIsRefusedNamingTheUrl) {

@@ -51,7 +51,7 @@ Loader::Loader(const DataConfig& cfg, const Manifest& m, const std::string& spli
                                    rank, world_size, seed)) {
   // Remote datasets: a shuffle block's stretch of the stream (packed: its windows) and what follows.
   const uint64_t block = impl_->planner.shuffle_block() * static_cast<uint64_t>(cfg.mode == "bucketed" ? 1 : seq_len) + 1;
-  impl_->set.plan_ahead(impl_->set.max_span(block) + static_cast<size_t>(cfg.remote_ahead),
+  impl_->set.plan_ahead(impl_->set.max_span(block), static_cast<size_t>(cfg.remote_ahead),
                         static_cast<size_t>(cfg.workers) + 1);
   impl_->workers.start(0, 0);
 }

@@ -46,12 +46,13 @@ std::unique_ptr<ShardReader> ShardSet::open(size_t i) const {
   return manifest_.open_shard(e.info);
 }
 
-void ShardSet::plan_ahead(size_t shards, size_t readers) {
+void ShardSet::plan_ahead(size_t span, size_t ahead, size_t readers) {
   if (!remote()) return;
-  ahead_ = std::min(shards, shards_.size());
+  ahead_ = std::min(span + ahead, shards_.size());
   const size_t need = std::min(std::max(ahead_, readers + 1), shards_.size());
-  manifest_.source->reserve(need, strf("%zu shards at hand (one shuffle block spans up to %zu, plus data.remote_ahead; "
-                                       "at least one per reading thread and one being fetched)", need, ahead_));
+  manifest_.source->reserve(need, strf("the loader needs %zu shards at hand (a shuffle block touches up to %zu, "
+                                       "data.remote_ahead adds %zu; at least one per reading thread and one being "
+                                       "fetched):", need, span, ahead));
 }
 
 size_t ShardSet::max_span(uint64_t units) const {

@@ -42,10 +42,10 @@ class ShardSet {
   // (unless verify_all did it). Throws DataError naming the file.
   std::unique_ptr<ShardReader> open(size_t i) const;
 
-  // Remote datasets: how many shards the loader wants at hand (those a shuffle block spans, and
-  // data.remote_ahead more). The cache must hold them, and at least one shard per reading thread
+  // Remote datasets: how many shards the loader wants at hand (`span`, those a shuffle block can
+  // touch, and `ahead` = data.remote_ahead more). The cache must hold them, and at least one shard per reading thread
   // and one being fetched (ConfigError naming the minimum otherwise).
-  void plan_ahead(size_t shards, size_t readers);
+  void plan_ahead(size_t span, size_t ahead, size_t readers);
   size_t ahead_count() const { return ahead_; }
   // The most shards a stretch of `units` consecutive stream units can touch, in any shard order.
   size_t max_span(uint64_t units) const;

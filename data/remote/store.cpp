@@ -51,7 +51,7 @@ class RemoteStore : public ShardSource {
     const uint64_t need = shards * max_shard_;
     if (cache_.limit() >= need) return;
     const double mib = 1 << 20;
-    throw ConfigError(strf("key 'data.cache_limit_mb': %g is too small: %s need at least %.2f (%zu shards of up to "
+    throw ConfigError(strf("key 'data.cache_limit_mb': %g is too small: %s at least %.2f MiB (%zu shards of up to "
                            "%.2f MiB)", cache_.limit() / mib, why.c_str(), std::ceil(need / mib * 100) / 100, shards,
                            max_shard_ / mib));
   }
@@ -169,7 +169,8 @@ class RemoteStore : public ShardSource {
             break;
           }
         } catch (const std::exception& e) {
-          if (!cancel_) log::warn(std::string("data cache: fetching ahead: ") + e.what());
+          if (!cancel_ && last_warning_ != e.what()) log::warn(std::string("data cache: fetching ahead: ") + e.what());
+          last_warning_ = e.what();  // the same fault, tried again every half second, is said once
           complete = false;
           break;
         }
@@ -199,6 +200,7 @@ class RemoteStore : public ShardSource {
   std::set<std::string> checked_;
   std::map<std::string, int> corrupt_;
   std::atomic<bool> cancel_{false};
+  std::string last_warning_;  // the fetcher thread's
   std::thread thread_;  // last: started when everything above exists
 };
 
