@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "data/loader/loader.h"
+#include "data/remote/store.h"
 #include "data/format/shard.h"
 #include "common/errors.h"
 #include "common/checksum.h"
@@ -112,7 +113,11 @@ int main(int argc, char** argv) {
     int64_t budget = 0, sources = 0;
     uint64_t tokens = 0, shard_tokens = 128000000, seed = 1;
     bool memcpy = false;
-    app.add_option("--data", data, "prepared dataset directory");
+    lm::DataConfig cfg;
+    app.add_option("--data", data, "prepared dataset directory, or its http(s):// or s3:// URL");
+    app.add_option("--cache-dir", cfg.cache_dir, "remote --data: the shard cache");
+    app.add_option("--cache-mb", cfg.cache_limit_mb, "remote --data: cache limit (MiB)");
+    app.add_option("--remote-ahead", cfg.remote_ahead, "remote --data: shards fetched ahead");
     app.add_option("--mode", mode, "packed | bucketed");
     app.add_option("--workers", workers);
     app.add_option("--prefetch", prefetch);
@@ -144,7 +149,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     RssSampler rss;
-    lm::DataConfig cfg;
     cfg.mode = mode, cfg.workers = workers, cfg.prefetch = prefetch, cfg.token_budget = budget;
     if (sources > 0) {
       for (int64_t i = 0; i < sources; ++i)

@@ -43,6 +43,12 @@ struct UsageError : Error {
   explicit UsageError(const std::string& w) : Error(w, kExitBadInput) {}
 };
 
+// Remote data unreachable for longer than data.remote_timeout_s (a runtime fault, exit 1): the run
+// checkpoints and ends; resuming it later continues. Message names the URL.
+struct RemoteError : Error {
+  explicit RemoteError(const std::string& w) : Error(w, kExitFailure) {}
+};
+
 // Runs `body` and turns any exception into one line "PROG: error: MESSAGE" on stderr and the
 // matching exit code (2 for the bad-input kinds above, 1 otherwise).
 int run_main(const char* prog, const std::function<int()>& body);

@@ -9,6 +9,7 @@ PKGS=(
   libcli11-dev libxxhash-dev googletest libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libisal-dev
   bible-kjv python3-torch
+  libcurl4-openssl-dev nginx-light curl  # remote datasets and their tests (nginx; s3rver: npm_deps.sh)
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -16,6 +17,7 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all ${#PKGS[@]} packages present"
+  bash "$(dirname "$0")/npm_deps.sh"
   exit 0
 fi
 echo "deps: installing ${missing[*]}"
@@ -26,3 +28,4 @@ if ! $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+bash "$(dirname "$0")/npm_deps.sh"

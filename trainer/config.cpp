@@ -294,8 +294,8 @@ void describe(Schema& s, ExperimentConfig& c) {
 
   // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
   const int64_t any = std::numeric_limits<int64_t>::min();
-  s.text("data.train", &c.data.train, "prepared dataset directory (from prep)");
-  s.structured("data.sources", "a mixture: [{name, path, weight (tokens), max_epochs}] instead of data.train",
+  s.text("data.train", &c.data.train, "prepared dataset directory (from prep), or its http(s):// or s3:// URL");
+  s.structured("data.sources", "a mixture: [{name, path (directory or URL), weight (tokens), max_epochs}] instead of data.train",
                [p = &c.data.sources](const YAML::Node& n) { parse_sources(n, p); },
                [p = &c.data.sources] { return print_sources(*p); });
   s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]",
@@ -312,6 +312,10 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", any);
   s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", data_choices::verify);
   s.boolean("data.reuse_batch", &c.data.reuse_batch, "benchmark: reuse the first step's batches (no reading)");
+  s.text("data.cache_dir", &c.data.cache_dir, "remote datasets: local shard cache (shared by runs)");
+  s.number("data.cache_limit_mb", &c.data.cache_limit_mb, "remote datasets: MiB the cache may hold", 0, true);
+  s.number("data.remote_timeout_s", &c.data.remote_timeout_s, "remote datasets: longest fault before the run ends", 0, true);
+  s.integer("data.remote_ahead", &c.data.remote_ahead, "remote datasets: shards fetched ahead of the block in use", any);
 
   s.choice("model.arch", &c.model.arch, "model architecture (models/registry.h)", arch_names());
   s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);

@@ -6,6 +6,7 @@
 #include "common/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "data/remote/store.h"
 #include "trainer/dist/process_group.h"
 
 namespace lm {
@@ -13,7 +14,7 @@ namespace lm {
 std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const data::Manifest& train,
                                              const torch::Device& device, int rank, int world) {
   if (cfg.eval.batches <= 0) return nullptr;
-  data::Manifest m = cfg.data.val.empty() ? train : data::Manifest::load(cfg.data.val);
+  data::Manifest m = cfg.data.val.empty() ? train : data::open_dataset(cfg.data.val, "data.val", data::remote_options(cfg.data));
   if (m.tokenizer.kind != train.tokenizer.kind || m.tokenizer.hash != train.tokenizer.hash)
     throw ConfigError("key 'data.val': " + m.dir + " was tokenized with " + m.tokenizer.kind + " " + m.tokenizer.hash +
                       ", data.train (" + train.dir + ") with " + train.tokenizer.kind + " " + train.tokenizer.hash +

@@ -18,6 +18,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "data/loader/loader.h"
+#include "data/remote/store.h"
 #include "models/build.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/hf_dir.h"
@@ -103,8 +104,16 @@ class Trainer {
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     model_->train();
-    while (step_ < cfg_.train.max_steps)
-      if (!train_step(batches)) return summary(t_start);
+    while (step_ < cfg_.train.max_steps) {
+      try {
+        if (!train_step(batches)) return summary(t_start);
+      } catch (const RemoteError&) {  // the data stayed out of reach: checkpoint the last whole step
+        if (auto prev = std::move(pending_)) settle(*prev, prev->kept);
+        loader_->rewind_to(step_batches_);
+        save_and_wait();
+        throw;
+      }
+    }
     if (eval_) evaluate();
     if (ckpt_->last_save_step() != step_) save();  // always one at the end
     ckpt_->wait();
@@ -217,9 +226,7 @@ class Trainer {
     state_.add(k::kRng, S::kPerRank, [this] { return rng_.state(); }, [this](const ComponentState* s) { load_rng(*s); });
   }
 
-  ComponentState progress_state() const {
-    return {{{"step", step_}, {"tokens", tokens_}, {"epoch", epoch()}}, {}};
-  }
+  ComponentState progress_state() const { return {{{"step", step_}, {"tokens", tokens_}, {"epoch", epoch()}}, {}}; }
   void load_progress(const ComponentState& s) {
     step_ = start_step_ = s.values.at("step").get<int64_t>();
     tokens_ = s.values.at("tokens").get<int64_t>();
@@ -264,7 +271,7 @@ class Trainer {
       metrics_ = std::make_unique<MetricsSink>(mo);
       if (long_window_.is_object() && !long_window_.empty()) metrics_->load_window_state(long_window_);
       record_ = std::make_unique<RunRecord>(cfg_.run.dir, describe_run({command, nlohmann::json::parse(to_json(cfg_)),
-                                                                        manifest_, describe_mixture(cfg_.data, sources_), gpu,
+                                                                        sources_, describe_mixture(cfg_.data, sources_), gpu,
                                                                         world_, launch_.source, params_, flops_per_token_}));
     }
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
@@ -337,6 +344,7 @@ class Trainer {
     const int64_t accum = cfg_.train.grad_accum;
     RankStats mine;
     std::vector<uint64_t> hashes;
+    step_batches_ = loader_->state().batches;
     for (int64_t m = 0; m < accum; ++m) {  // the micro-batches first: their token count normalises the loss
       if (!cfg_.data.reuse_batch || batches[m].rows == 0) {
         batches[m] = loader_->next();
@@ -472,11 +480,7 @@ class Trainer {
     ckpt_->save(state_.snapshot(step_, run));
     log_saves();
   }
-  void save_and_wait() {
-    save();
-    ckpt_->wait();
-    log_saves();
-  }
+  void save_and_wait() { save(), ckpt_->wait(), log_saves(); }
 
   void log_saves() {
     for (auto& r : ckpt_->finished()) {
@@ -497,12 +501,8 @@ class Trainer {
 
   TrainSummary summary(Clock::time_point t_start) {
     TrainSummary sum;
-    sum.steps = step_;
-    sum.first_loss = train_log_.first_loss();
-    sum.last_loss = train_log_.last_loss();
-    sum.val_loss = val_loss_;
-    sum.wall_s = seconds_since(t_start);
-    sum.tokens_per_s = train_log_.tokens_per_s();
+    sum.steps = step_, sum.first_loss = train_log_.first_loss(), sum.last_loss = train_log_.last_loss();
+    sum.val_loss = val_loss_, sum.wall_s = seconds_since(t_start), sum.tokens_per_s = train_log_.tokens_per_s();
     if (rank_ != 0) return sum;
     const double pad_pct = train_log_.padding_pct();
     const bool bucketed = cfg_.data.mode == "bucketed";
@@ -557,7 +557,7 @@ class Trainer {
   std::unique_ptr<StepProfiler> profiler_;
   // Progress.
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0, dumps_ = 0;
-  uint64_t batch_hash_ = 0;
+  uint64_t batch_hash_ = 0, step_batches_ = 0;  // step_batches_: loader batches before this step
   double mean_step_s_ = 0, val_loss_ = -1;
   bool stopped_ = false;
   bool window_nonfinite_ = false;  // a step of the open logging window had a non-finite loss

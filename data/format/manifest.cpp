@@ -64,11 +64,19 @@ std::string compute_data_version(const std::vector<ShardInfo>& shards, const std
   return hex64(xxh64(s.data(), s.size()));
 }
 
+uint64_t ShardInfo::bytes(const std::string& dtype) const {
+  return 64 + 8 * (docs + 1) + (dtype == "uint16" ? 2 : 4) * tokens;
+}
+
 Manifest Manifest::load(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
+  return parse(files::read_file(path), path, dir);
+}
+
+Manifest Manifest::parse(const std::string& text, const std::string& path, const std::string& dir) {
   json j;
   try {
-    j = json::parse(files::read_file(path));
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw DataError(path + ": invalid JSON (" + e.what() + ")");
   }
@@ -132,15 +140,22 @@ uint64_t Manifest::split_tokens(const std::string& name) const {
 }
 
 std::unique_ptr<ShardReader> Manifest::open_shard(const ShardInfo& s) const {
-  auto r = std::make_unique<ShardReader>(dir + "/" + s.file);
+  std::shared_ptr<const void> hold;
+  auto r = std::make_unique<ShardReader>(source ? source->fetch(s, &hold) : dir + "/" + s.file);
+  r->hold(std::move(hold));
   if (r->num_docs() != s.docs || r->num_tokens() != s.tokens || (r->dtype() == TokenDtype::kU16) != (dtype == "uint16"))
     throw DataError(r->path() + ": does not match its entry in manifest.json (docs, tokens or dtype)");
   return r;
 }
 
-void Manifest::verify_shard(const ShardInfo& s) const { check_xxh64(dir + "/" + s.file, s.xxh64); }
+void Manifest::verify_shard(const ShardInfo& s) const {
+  std::shared_ptr<const void> hold;
+  if (source) source->fetch(s, &hold);  // checked there, before it is used
+  else check_xxh64(dir + "/" + s.file, s.xxh64);
+}
 
 void Manifest::verify() const {
+  if (source) throw Error(dir + ": verify() is for local datasets");
   for (const auto& s : shards) verify_shard(s);
   if (!tokenizer.file.empty()) check_xxh64(dir + "/" + tokenizer.file, tokenizer.hash);
 }

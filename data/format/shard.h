@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lm::data {
@@ -58,8 +60,11 @@ class ShardReader {
   // Copies tokens [begin, begin+n) of the shard's token stream into out (as uint32).
   void read_tokens(uint64_t begin, uint64_t n, uint32_t* out) const;
   std::vector<uint32_t> read_doc(uint64_t i) const;
+  // Keeps `h` alive as long as the reader (a remote cache's hold on the file, manifest.h).
+  void hold(std::shared_ptr<const void> h) { hold_ = std::move(h); }
 
  private:
+  std::shared_ptr<const void> hold_;
   std::string path_;
   TokenDtype dtype_ = TokenDtype::kU16;
   uint64_t num_docs_ = 0, num_tokens_ = 0;

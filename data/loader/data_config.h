@@ -32,10 +32,10 @@ struct StageConfig {
 };
 
 struct DataConfig {
-  std::string train;  // directory written by `prep` (its manifest.json); this or `sources`
+  std::string train;  // directory written by `prep` (its manifest.json), or its http(s):// or s3:// URL; this or `sources`
   std::vector<SourceConfig> sources;  // a mixture; empty = the one source `train`
   std::vector<StageConfig> stages;    // mixture stages; empty = the sources' weights throughout
-  std::string val;    // directory for validation; empty = the `val` split of `train`
+  std::string val;    // directory (or URL) for validation; empty = the `val` split of `train`
 
   // The streaming loader (data/loader/loader.h).
   std::string mode = "packed";       // packed: EOS-joined windows of seq_len+1 | bucketed: one document per sample
@@ -48,6 +48,12 @@ struct DataConfig {
   int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this (>= seq_len)
   std::string verify = "lazy";       // shard checksums: lazy (first open) | full (all at start)
   bool reuse_batch = false;          // benchmark only: every step re-trains the first batches (no reading)
+
+  // Remote datasets (data/remote/store.h): the local cache and the fault tolerance.
+  std::string cache_dir = ".cache/shards";  // shared by every run that names it
+  double cache_limit_mb = 10240;     // MiB the cache may hold, > 0
+  double remote_timeout_s = 120;     // a fault longer than this ends the run after a checkpoint, > 0
+  int64_t remote_ahead = 2;          // shards fetched ahead of the shuffle block in use, in [0, 1024]
 };
 
 // The allowed values of the data.* choice keys (validate() and the config schema's choices).
@@ -125,6 +131,10 @@ inline void validate(const DataConfig& c, int64_t seq_len) {
   range("token_budget", c.token_budget, 0, -1);
   choice("verify", c.verify, data_choices::verify);
   validate_mixture(c);
+  if (!(c.cache_limit_mb > 0)) fail("cache_limit_mb", "must be > 0, got " + std::to_string(c.cache_limit_mb));
+  range("remote_ahead", c.remote_ahead, 0, 1024);
+  if (!(c.remote_timeout_s > 0)) fail("remote_timeout_s", "must be > 0, got " + std::to_string(c.remote_timeout_s));
+  if (c.cache_dir.empty()) fail("cache_dir", "must not be empty");
   if (c.mode == "bucketed" && c.token_budget > 0 && c.token_budget < seq_len)
     fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
                              std::to_string(c.token_budget));

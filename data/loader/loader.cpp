@@ -10,6 +10,7 @@
 #include "data/loader/shards.h"
 #include "data/loader/state.h"
 #include "data/loader/workers.h"
+#include "data/remote/store.h"
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -38,9 +39,16 @@ struct Loader::Impl {
   uint64_t samples_per_epoch = 0;
 
   void open(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len) {
-    sets.push_back(std::make_unique<ShardSet>(m, split, c.verify == "full", [&](const ShardReader& s) {
-      return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len);
-    }));
+    sets.push_back(std::make_unique<ShardSet>(
+        m, split, c.verify == "full",
+        [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); },
+        c.mode == "bucketed" ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }));
+  }
+  // Remote datasets: a shuffle block's stretch of the stream (packed: its windows) and what follows.
+  void plan_ahead(const DataConfig& c, int64_t seq_len, uint64_t shuffle_block) {
+    const uint64_t block = shuffle_block * static_cast<uint64_t>(c.mode == "bucketed" ? 1 : seq_len) + 1;
+    for (auto& s : sets)
+      s->plan_ahead(s->max_span(block), static_cast<size_t>(c.remote_ahead), static_cast<size_t>(c.workers) + 1);
   }
   void start_workers(const DataConfig& c, int64_t seq_len, const Manifest& m) {
     std::vector<const ShardSet*> v;
@@ -58,6 +66,7 @@ Loader::Loader(const DataConfig& cfg, const Manifest& m, const std::string& spli
   auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
   impl_->samples_per_epoch = p->samples_per_epoch();
   impl_->fingerprint = make_fingerprint(c, m.data_version, split, seq_len, seed, p->shuffle_block());
+  impl_->plan_ahead(c, seq_len, p->shuffle_block());
   impl_->planner = std::move(p);
   impl_->start_workers(c, seq_len, m);
 }
@@ -77,6 +86,7 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
                                         micro_per_step);
   impl_->samples_per_epoch = p->samples_per_epoch(0);
   impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, static_cast<uint64_t>(c.shuffle_buffer));
+  impl_->plan_ahead(c, seq_len, static_cast<uint64_t>(c.shuffle_buffer));
   impl_->planner = std::move(p);
   impl_->start_workers(c, seq_len, sources[0]);
 }
@@ -101,6 +111,8 @@ LoaderState Loader::state() const {
   return s;
 }
 
+void Loader::rewind_to(uint64_t batches) { impl_->workers->rewind_to(batches); }
+
 void Loader::load_state(const LoaderState& s, bool force) {
   check_resumable(s, impl_->fingerprint);
   impl_->workers->stop();
@@ -111,10 +123,10 @@ void Loader::load_state(const LoaderState& s, bool force) {
 // ---- sources -----------------------------------------------------------------------------------
 
 std::vector<Manifest> open_sources(const DataConfig& cfg) {
-  if (cfg.sources.empty()) return {Manifest::load(cfg.train)};
+  if (cfg.sources.empty()) return {open_dataset(cfg.train, "data.train", remote_options(cfg))};
   std::vector<Manifest> out;
   for (const auto& s : cfg.sources) {
-    out.push_back(Manifest::load(s.path));
+    out.push_back(open_dataset(s.path, "data.sources." + s.name + ".path", remote_options(cfg)));
     const auto& a = out.front().tokenizer;
     const auto& b = out.back().tokenizer;
     if (a.hash != b.hash)

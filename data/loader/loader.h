@@ -146,6 +146,10 @@ class Loader {
   Batch next();
   double last_wait_ms() const;  // how long the last next() blocked
   LoaderState state() const;
+  // After next() failed (e.g. RemoteError): state() describes the position when `batches` batches
+  // had been returned (LoaderState::batches; one of the last 1024), so that a checkpoint taken now
+  // resumes at the failed step's first micro-batch. The loader is not read again after this.
+  void rewind_to(uint64_t batches);
   // Restarts the pipeline at `s`. Throws DataError naming the field when `s` was made for other
   // data or another sample order (see RESUME above).
   // force (checkpoint.force): a mixture continues despite a changed or removed source (mix.h).

@@ -318,6 +318,22 @@ void Planner::next_bucketed(Plan& p) {
   for (size_t i = static_cast<size_t>(rank_); i < batch.size(); i += W) p.rows.push_back({nullptr, 0, batch[i], 0});
 }
 
+// Remote datasets: the shards from the one holding the start of the cursor's shuffle block on, in
+// the order the stream reads them (into the next epochs), k at most and none twice.
+std::vector<uint32_t> Planner::upcoming(size_t k) {
+  const uint64_t g = block_of(cursor_);
+  int64_t e = static_cast<int64_t>(g / blocks_per_epoch_);
+  const uint64_t u = g % blocks_per_epoch_ * S_ * (bucketed_ ? 1 : static_cast<uint64_t>(T_));
+  auto ep = epoch_table(e);
+  size_t p = static_cast<size_t>(std::upper_bound(ep->start.begin(), ep->start.end(), u) - ep->start.begin() - 1);
+  std::vector<uint32_t> out;
+  while (out.size() < k && std::find(out.begin(), out.end(), ep->order[p]) == out.end()) {
+    out.push_back(ep->order[p]);
+    if (++p == ep->order.size()) ep = epoch_table(++e), p = 0;
+  }
+  return out;
+}
+
 Plan Planner::next() {
   Plan p;
   p.epoch = static_cast<int64_t>(cursor_ / n_);
@@ -329,6 +345,7 @@ Plan Planner::next() {
   perms_.erase(perms_.begin(), perms_.lower_bound(g));
   blocks_.erase(blocks_.begin(), blocks_.lower_bound(g));
   epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(cursor_ / n_)));
+  if (set_.remote()) set_.read_ahead(upcoming(set_.ahead_count()));  // the fetch order
   return p;
 }
 

@@ -127,6 +127,7 @@ class Planner : public BatchPlanner {
   const BlockTable& block(uint64_t g);
   void next_packed(Plan& p);
   void next_bucketed(Plan& p);
+  std::vector<uint32_t> upcoming(size_t k);
 
   // ---- fixed after construction
   const ShardSet& set_;

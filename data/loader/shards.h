@@ -20,11 +20,16 @@ class ShardSet {
  public:
   // What a shard contributes to the sample stream (the planner's units: stream tokens or samples).
   using Units = std::function<uint64_t(const ShardReader&)>;
+  // The same from the shard's manifest entry, when the entry tells (packed mode); else null.
+  using ListedUnits = std::function<uint64_t(const ShardInfo&)>;
 
   // Opens every shard of `split` once, one at a time: checks it against the manifest
-  // (Manifest::open_shard), its checksum too when verify_all, and records units(shard). Throws
-  // DataError naming the directory when the split has no shards, or naming the file.
-  ShardSet(const Manifest& m, const std::string& split, bool verify_all, const Units& units);
+  // (Manifest::open_shard), its checksum too when verify_all, and records units(shard). A remote
+  // dataset's shards are not fetched for this when `listed` tells their units (and !verify_all):
+  // they are checked when first opened. Throws DataError naming the directory when the split has no
+  // shards, or naming the file.
+  ShardSet(const Manifest& m, const std::string& split, bool verify_all, const Units& units,
+           const ListedUnits& listed = nullptr);
   ShardSet(const ShardSet&) = delete;
   ShardSet& operator=(const ShardSet&) = delete;
 
@@ -37,6 +42,17 @@ class ShardSet {
   // (unless verify_all did it). Throws DataError naming the file.
   std::unique_ptr<ShardReader> open(size_t i) const;
 
+  // Remote datasets: how many shards the loader wants at hand (`span`, those a shuffle block can
+  // touch, and `ahead` = data.remote_ahead more). The cache must hold them, and at least one shard per reading thread
+  // and one being fetched (ConfigError naming the minimum otherwise).
+  void plan_ahead(size_t span, size_t ahead, size_t readers);
+  size_t ahead_count() const { return ahead_; }
+  // The most shards a stretch of `units` consecutive stream units can touch, in any shard order.
+  size_t max_span(uint64_t units) const;
+  bool remote() const { return manifest_.source != nullptr; }
+  // Tells the remote source the shards to be read next (split indices, in order).
+  void read_ahead(const std::vector<uint32_t>& next) const;
+
  private:
   struct Entry {
     ShardInfo info;
@@ -48,10 +64,12 @@ class ShardSet {
   Manifest manifest_;
   std::string split_;
   std::vector<std::unique_ptr<Entry>> shards_;
+  size_t ahead_ = 0;
 };
 
 // The few shards one thread has open (at most two), most recently used first. The reference get()
-// returns stays valid until the second get() of another shard.
+// returns stays valid until the second get() of another shard (remote datasets: the next get() of
+// another shard, as a miss lets go of every shard held before it waits for the cache).
 class ShardCache {
  public:
   explicit ShardCache(const ShardSet& set) : set_(set) {}

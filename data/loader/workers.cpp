@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <tuple>
 
 #include "data/loader/token_walk.h"
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace lm::data {
 
@@ -25,6 +27,7 @@ void Workers::start(uint64_t batches, uint64_t cursor, const std::string& mix) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     slots_.clear();
+    history_.clear();
     planned_ = returned_ = batches;
     cursor_returned_ = cursor;
     mix_returned_ = mix;
@@ -85,6 +88,8 @@ Batch Workers::next() {
   last_wait_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (it->second.error) std::rethrow_exception(it->second.error);  // the slot stays: sticky
   Batch b = std::move(it->second.batch);
+  history_.push_back({returned_, cursor_returned_, mix_returned_});
+  if (history_.size() > 1024) history_.pop_front();
   cursor_returned_ = it->second.cursor_after;
   mix_returned_ = std::move(it->second.mix_after);
   slots_.erase(it);
@@ -102,6 +107,16 @@ double Workers::last_wait_ms() const {
 Workers::Returned Workers::returned() const {
   std::lock_guard<std::mutex> lk(mu_);
   return {returned_, cursor_returned_, mix_returned_};
+}
+
+void Workers::rewind_to(uint64_t batches) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (; returned_ > batches && !history_.empty(); history_.pop_back()) {
+    returned_ = history_.back().batches;
+    cursor_returned_ = history_.back().cursor;
+    mix_returned_ = history_.back().mix;
+  }
+  if (returned_ != batches) throw Error(strf("loader: cannot rewind to batch %llu", static_cast<unsigned long long>(batches)));
 }
 
 // ---- reading a planned batch (outside the lock) ------------------------------------------------

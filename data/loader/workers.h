@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -52,6 +53,9 @@ class Workers {
     std::string mix;
   };
   Returned returned() const;
+  // returned() goes back to when `batches` had been returned (one of the last 1024); for a state
+  // taken after a failed next() (Loader::rewind_to). Throws lm::Error when that is too far back.
+  void rewind_to(uint64_t batches);
 
  private:
   struct Slot {
@@ -78,6 +82,7 @@ class Workers {
   std::map<uint64_t, Slot> slots_;  // by batch number
   uint64_t planned_ = 0, returned_ = 0, cursor_returned_ = 0;
   std::string mix_returned_;
+  std::deque<Returned> history_;  // returned() before each of the last batches
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pool_;
   double last_wait_ms_ = 0;

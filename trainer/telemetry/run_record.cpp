@@ -142,7 +142,12 @@ nlohmann::json describe_run(const RunFacts& f) {
   if (!f.gpu.model.empty())
     gpu = {{"model", f.gpu.model}, {"driver", f.gpu.driver}, {"cuda", f.gpu.cuda}, {"nccl", f.gpu.nccl}, {"count", f.gpu.count}};
   char cwd[4096] = {0};
-  const auto& m = f.data;
+  const auto& m = f.sources.at(0);
+  nlohmann::json where = nlohmann::json::array();  // where each source lives and which data it held
+  for (const auto& s : f.sources)
+    where.push_back({{"location", s.dir},
+                     {"kind", !s.source ? "local" : s.dir.rfind("s3://", 0) == 0 ? "s3" : "http"},
+                     {"data_version", s.data_version}});
   return {{"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}},
           {"command", f.command},
           {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
@@ -152,7 +157,8 @@ nlohmann::json describe_run(const RunFacts& f) {
                     {"mixture", f.mixture},
                     {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
                                    {"hash", m.tokenizer.hash}}},
-                    {"train_tokens", m.split_tokens("train")}}},
+                    {"train_tokens", m.split_tokens("train")},
+                    {"sources", where}}},
           {"host", host_info()},
           {"gpu", gpu},
           {"libtorch", compat::torch_version()},

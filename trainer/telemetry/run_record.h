@@ -18,7 +18,7 @@ namespace lm {
 struct RunFacts {
   std::string command;
   nlohmann::json config;     // the resolved config as JSON
-  data::Manifest data;       // the training data (a mixture: its first source)
+  std::vector<data::Manifest> sources;  // the training data: data.train's, or each mixture source's
   nlohmann::json mixture;    // describe_mixture(); null for data.train
   GpuInfo gpu;               // empty model on CPU
   int world_size = 1;
