@@ -9,6 +9,7 @@ PKGS=(
   libcli11-dev libxxhash-dev googletest libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libisal-dev
   bible-kjv python3-torch
+  clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
 )
 missing=()
 for p in "${PKGS[@]}"; do
