@@ -10,6 +10,7 @@ PKGS=(
   libprotobuf-dev protobuf-compiler libisal-dev
   bible-kjv python3-torch
   libcurl4-openssl-dev nginx-light curl  # remote datasets and their tests (nginx; s3rver: npm_deps.sh)
+  clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -437,7 +437,7 @@ void walk(const Schema& s, const std::string& path, const std::string& prefix, c
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.as<std::string>();
     std::string key = prefix.empty() ? name : prefix + "." + name;
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy (a handle): it->second lives in a temporary proxy
     if (v.IsMap()) {
       if (s.find(key)) apply(s, file_where(path, it->first), key, v);  // gives "expected a single value"
       if (!s.is_section(key)) unknown_key(s, file_where(path, it->first), key);

@@ -24,6 +24,7 @@
 #include "trainer/checkpoint/hf_dir.h"
 #include "trainer/checkpoint/state.h"
 #include "trainer/cli.h"
+#include "trainer/stop_signal.h"
 #include "trainer/dist/grad_sync.h"
 #include "trainer/dist/launch_env.h"
 #include "trainer/dist/step_stats.h"
@@ -50,16 +51,6 @@ namespace {
 using Clock = clock::Steady;
 using clock::seconds_since;
 using clock::unix_now;
-
-// SIGTERM / SIGINT: the first asks the loop to checkpoint and exit 0 after the current step; a
-// second one aborts at once (default action).
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-  }
-}
 
 class Trainer {
  public:
@@ -95,12 +86,11 @@ class Trainer {
                 (cfg.anomaly.action == "continue" || (cfg.anomaly.action == "skip" && cfg.anomaly.spike_factor <= 0));
     if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
     start_telemetry(command);
+    stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints
   }
 
   TrainSummary run() {
     const auto t_start = Clock::now();
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGINT, on_stop_signal);
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     model_->train();
@@ -301,7 +291,7 @@ class Trainer {
     if (deferred_) ckpt_->wait_snapshot(), opt_->step(s->lr, stats.isfinite().all().logical_not().to(torch::kFloat));
     s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
     if (auto prev = std::move(pending_)) settle(*prev, prev->kept);  // done, or nearly, by now
-    s->mine.stop = g_stop_signal.load() != 0;
+    s->mine.stop = stop_signal::requested() != 0;
     const double step_s_local = seconds_since(s->t0);
     mean_step_s_ = mean_step_s_ == 0 ? step_s_local : 0.9 * mean_step_s_ + 0.1 * step_s_local;
     s->mine.save = s->step != cfg_.train.max_steps && ckpt_->due(s->step, mean_step_s_);
@@ -568,6 +558,7 @@ class Trainer {
 }  // namespace
 
 TrainSummary train(const ExperimentConfig& cfg, const std::string& command) {
+  stop_signal::install();  // start-up: a signal exits at once (stop_signal.h)
   Trainer t(cfg, command);  // bad input throws before anything is written
   try {
     auto sum = t.run();

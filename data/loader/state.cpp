@@ -42,7 +42,8 @@ Fingerprint make_fingerprint(const DataConfig& c, const std::string& data_versio
 void check_resumable(const LoaderState& s, const Fingerprint& ours) {
   check_version(s.version);
   for (const auto& [key, value] : ours) {
-    auto it = std::find_if(s.fingerprint.begin(), s.fingerprint.end(), [&](const auto& kv) { return kv.first == key; });
+    const std::string& k = key;  // clang (C++17) cannot capture a structured binding
+    auto it = std::find_if(s.fingerprint.begin(), s.fingerprint.end(), [&](const auto& kv) { return kv.first == k; });
     const std::string theirs = it == s.fingerprint.end() ? "(missing)" : it->second;
     if (theirs != value)
       throw DataError("loader state: field '" + key + "' differs: the state has " + theirs + ", this run " + value);

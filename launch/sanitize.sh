@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sanitizer builds of the project and their test runs (see "What survives what" in README.md).
+#
+#   bash launch/sanitize.sh            ASan+UBSan -> build-asan/: the torch-free suites (base_tests:
+#                                      config, files, shards, loader, prep; tensorboard_tests;
+#                                      report_tests) and the tools they run (prep, report). CI runs it.
+#   bash launch/sanitize.sh thread     TSan -> build-tsan/: the threads (loader workers, metrics sink,
+#                                      async checkpoint writer, launcher) through their suites.
+#
+# Extra arguments go to ctest (e.g. -R Loader). LibTorch, OpenBLAS, yaml-cpp and the other Debian
+# libraries are not instrumented: tests/sanitizers/*.supp hold the suppressions that this needs,
+# each with the reason it exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-address}
+[ $# -gt 0 ] && shift
+SUPP=$PWD/tests/sanitizers
+case "$MODE" in
+  address)
+    BUILD_DIR=build-asan SAN=address,undefined
+    TARGETS=(base_tests tensorboard_tests report_tests prep report)
+    ;;
+  thread)
+    BUILD_DIR=build-tsan SAN=thread
+    TARGETS=(base_tests torch_tests launch_tests)
+    ;;
+  *) echo "usage: launch/sanitize.sh [address|thread] [ctest args...]" >&2; exit 2 ;;
+esac
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLM_SANITIZE="$SAN" \
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g"
+fi
+ninja -C "$BUILD_DIR" ${NINJA_JOBS:+-j "$NINJA_JOBS"} "${TARGETS[@]}"
+
+# halt_on_error/abort: a finding fails the test that triggered it (exit code != the expected one).
+export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0:strict_string_checks=1"
+export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$SUPP/ubsan.supp"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
+cd "$BUILD_DIR"
+if [ "$MODE" = address ]; then
+  ctest --output-on-failure -j "${CTEST_JOBS:-2}" -E '_NOT_BUILT|^layering$' "$@"
+else
+  # Only the tests that start threads: loader workers, metrics sink, async checkpoint, launcher.
+  ctest --output-on-failure -j "${CTEST_JOBS:-2}" -E '_NOT_BUILT|^layering$' \
+        -R "${TSAN_TESTS:-Loader|Workers|Metrics|Telemetry|Async|Checkpoint|Launch}" "$@"
+fi

@@ -1,0 +1,83 @@
+// A files::FileSystem for the fault matrix (tests/faults/README.md): the POSIX calls with one
+// seeded fault, counting and journalling. Test-only: linked into build/bin/fault_trainer, never
+// into the production binaries (they keep the plain POSIX file system; nothing reads an
+// environment variable).
+//
+// Faults (one per process, FaultSpec):
+//   enospc@N        the Nth write() and every write after it fail with ENOSPC (the disk is full)
+//   eio@N           the Nth write() fails with EIO (once)
+//   fsync_eio@N     the Nth fsync of a file fails with EIO (once)
+//   kill_rename@N   SIGKILL just before the Nth rename
+//   kill_renamed@N  SIGKILL just after the Nth rename, before its directory is fsync'd
+//   kill_writer@N   SIGKILL at the Nth call made by the asynchronous checkpoint writer (a forked
+//                   child, or a thread other than the one that installed this file system); once
+//                   per run (a marker file next to the journal)
+//   powercut@N      at the Nth call of any kind: every byte not fsync'd is dropped (files truncated
+//                   to their last fsync'd size, files created or renamed in a directory not
+//                   fsync'd since are removed or renamed back), then SIGKILL: a power cut
+// Counting: how many calls of each kind the process made (a reference run's counts are the range
+// the matrix draws N from). Journal: a line "durable <dir>" each time a rename of a checkpoint
+// directory (checkpoints/step_*) became durable (its parent directory fsync'd after it), so the
+// matrix knows which checkpoints a fault must never lose.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+
+namespace lm::faults {
+
+struct FaultSpec {
+  std::string kind;  // "" (none), enospc, eio, fsync_eio, kill_rename, kill_renamed, powercut
+  long n = 0;        // 1-based index of the call that faults
+  // Parses "KIND@N"; throws UsageError.
+  static FaultSpec parse(const std::string& text);
+};
+
+class FaultFileSystem : public files::FileSystem {
+ public:
+  FaultFileSystem(FaultSpec spec, std::string journal_path);
+  int open_for_write(const char* path, int* fd) override;
+  int write(int fd, const void* data, size_t n, size_t* written) override;
+  int sync(int fd) override;
+  int close(int fd) override;
+  int rename(const char* from, const char* to) override;
+  int sync_dir(const char* dir) override;
+  int remove(const char* path) override;
+
+  // "calls=N writes=N syncs=N renames=N sync_dirs=N" so far.
+  std::string counts() const;
+  // Whether this call comes from the async writer (another process or thread than the creator's).
+  bool in_writer() const;
+
+ private:
+  bool tracking() const { return spec_.kind == "powercut"; }
+  void tick();  // counts a call; powercut@N fires here
+  void power_cut();
+  void journal(const std::string& line) const;
+
+  // For powercut: what a crash would lose.
+  struct OpenFile {
+    std::string path;
+    long long synced = 0;  // size at the last fsync
+  };
+  struct Rename {
+    std::string from, to, stash;  // stash: the old `to`, hard-linked aside ("" if none)
+  };
+  FaultSpec spec_;
+  std::string journal_;
+  std::atomic<long> calls_{0}, writes_{0}, syncs_{0}, renames_{0}, sync_dirs_{0}, writer_calls_{0};
+  int pid_ = 0, tid_ = 0;  // the creator
+  std::mutex mu_;                       // guards the tracking below (powercut runs only)
+  std::map<int, OpenFile> open_;        // fd -> file
+  std::map<std::string, long long> unsynced_;  // closed files with unsynced bytes -> synced size
+  std::vector<std::string> created_;    // files created in a directory not fsync'd since
+  std::vector<Rename> renamed_;         // renames in a directory not fsync'd since
+  std::vector<std::string> pending_ckpt_;  // checkpoint dirs renamed into place, not yet durable
+};
+
+}  // namespace lm::faults

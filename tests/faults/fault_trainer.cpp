@@ -1,0 +1,40 @@
+// build/bin/fault_trainer [--fault KIND@N] [--journal FILE] [--counts FILE] -- CONFIG.yaml [k=v ...]
+//
+// The trainer (trainer_cli, the same code as build/bin/trainer) with the fault matrix's file system
+// installed (tests/faults/fault_fs.h). A test binary: the production trainer has no fault hooks.
+// --counts FILE: at a normal exit, the calls made of each kind (for drawing N in a later run).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "tests/faults/fault_fs.h"
+#include "trainer/cli.h"
+
+int main(int argc, char** argv) {
+  return lm::run_main("fault_trainer", [&] {
+    lm::faults::FaultSpec spec;
+    std::string journal, counts;
+    int i = 1;
+    for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+      const std::string a = argv[i];
+      if (i + 1 >= argc) throw lm::UsageError(a + ": missing value");
+      if (a == "--fault") spec = lm::faults::FaultSpec::parse(argv[++i]);
+      else if (a == "--journal") journal = argv[++i];
+      else if (a == "--counts") counts = argv[++i];
+      else throw lm::UsageError("unknown option " + a + " (usage: fault_trainer [--fault KIND@N] [--journal FILE] [--counts FILE] -- CONFIG.yaml ...)");
+    }
+    if (i >= argc) throw lm::UsageError("missing '--' before the trainer's arguments");
+    static lm::faults::FaultFileSystem fs(spec, journal);
+    lm::files::set_file_system(&fs);
+    std::vector<char*> targs = {argv[0]};
+    for (++i; i < argc; ++i) targs.push_back(argv[i]);
+    const int rc = lm::trainer_cli(static_cast<int>(targs.size()), targs.data());
+    if (!counts.empty()) {
+      FILE* f = std::fopen(counts.c_str(), "w");
+      if (f) std::fprintf(f, "%s\n", fs.counts().c_str()), std::fclose(f);
+    }
+    return rc;
+  });
+}
