@@ -116,20 +116,26 @@ TEST(MixTest, ExactResumeAtEveryBatchBoundary) {
           expect_same(resumed.next(), ref[i], mode + " workers " + std::to_string(workers) + " resumed after " + std::to_string(k));
         ASSERT_FALSE(::testing::Test::HasFailure());
       }
-      // The same stream whatever the worker count and rank count (one rank of 2*3 rows).
+      // The same stream whatever the worker count and rank count (one rank of 2*3 rows), also when
+      // the world size changes at a resume (after batch 17).
+      auto key = [](const SampleOrigin& o) { return std::make_tuple(o.source, o.shard, o.doc, o.offset); };
+      auto sorted = [&](std::vector<SampleOrigin> v) {
+        std::sort(v.begin(), v.end(), [&](const auto& x, const auto& y) { return key(x) < key(y); });
+        return v;
+      };
+      auto check = [&](Ranks& one, size_t from, const std::string& what) {
+        for (size_t k = from; k < ref.size(); ++k) {
+          const Batch b = one.next()[0];
+          std::vector<SampleOrigin> both;
+          for (const Batch& x : ref[k]) both.insert(both.end(), x.origins.begin(), x.origins.end());
+          EXPECT_TRUE(sorted(both) == sorted(b.origins)) << mode << ": 2 ranks x 3 rows == 1 rank x 6 rows, " << what;
+          EXPECT_EQ(b.source_tokens, ref[k][0].source_tokens);
+        }
+      };
       Ranks one(mix.cfg, mix.manifests, 3 * W, 1);
-      for (const Global& g : ref) {
-        const Batch b = one.next()[0];
-        std::vector<SampleOrigin> both;
-        for (const Batch& x : g) both.insert(both.end(), x.origins.begin(), x.origins.end());
-        auto key = [](const SampleOrigin& o) { return std::make_tuple(o.source, o.shard, o.doc, o.offset); };
-        auto sorted = [&](std::vector<SampleOrigin> v) {
-          std::sort(v.begin(), v.end(), [&](const auto& x, const auto& y) { return key(x) < key(y); });
-          return v;
-        };
-        EXPECT_TRUE(sorted(both) == sorted(b.origins)) << mode << ": 2 ranks x 3 rows == 1 rank x 6 rows";
-        EXPECT_EQ(b.source_tokens, g[0].source_tokens);
-      }
+      check(one, 0, "from the start");
+      Ranks shrunk(mix.cfg, mix.manifests, 3 * W, 1, states[17]);
+      check(shrunk, 17, "resumed with world size 1");
     }
 }
 
