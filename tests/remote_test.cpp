@@ -10,6 +10,7 @@
 
 #include "common/files.h"
 #include "data/loader/loader.h"
+#include "data/loader/val_reader.h"
 #include "data/remote/cache_dir.h"
 #include "data/remote/store.h"
 #include "remote_servers.h"
@@ -66,6 +67,14 @@ TEST_F(RemoteTest, LoaderOverHttpEqualsLocalWithEviction) {
   data::Loader probe(c, local, "train", 64, 8, 0, 1, 7);
   const int n = static_cast<int>(probe.samples_per_epoch() / 8 * 5 / 4);  // 1.25 epochs
   EXPECT_EQ(hashes(c, remote, n), hashes(c, local, n));
+  {  // the validation reader too: the same windows, through the same cache
+    data::ValReader vr(remote, "val", 64), vl(local, "val", 64);
+    std::vector<int64_t> a, b;
+    for (int i = 0; i < 50; ++i) {
+      vr.next(8, a), vl.next(8, b);
+      ASSERT_EQ(a, b) << "val batch " << i;
+    }
+  }
   const std::string log = test::read_text(tmp_ / "nginx/access.log");
   const size_t shards = local.split("train").size();
   EXPECT_GT(count_in(log, "/data/train_"), static_cast<int>(shards)) << "no shard was fetched twice: no eviction";
@@ -74,6 +83,19 @@ TEST_F(RemoteTest, LoaderOverHttpEqualsLocalWithEviction) {
     if (e.path().filename() != ".lock") cached += fs::file_size(e.path());
   EXPECT_LE(cached, uint64_t{2} << 20);
   EXPECT_GT(cached, 0u);
+}
+
+// Bucketed mode needs every document's length at start: each shard is fetched once for it (one at
+// a time, through the cache); then the batches equal the local loader's.
+TEST_F(RemoteTest, BucketedLoaderOverHttpEqualsLocal) {
+  const std::string data = make_dataset(tmp_.path(), 3000, 20000);
+  auto nginx = start_nginx(tmp_.path(), tmp_.path());
+  ASSERT_TRUE(nginx->up());
+  DataConfig c = loader_config(tmp_ / "cache", 64);
+  c.mode = "bucketed";
+  const data::Manifest remote = data::open_dataset("http://127.0.0.1:" + std::to_string(nginx->port) + "/data",
+                                                   "data.train", data::remote_options(c));
+  EXPECT_EQ(hashes(c, remote, 300), hashes(c, data::Manifest::load(data), 300));
 }
 
 // s3rver with SigV4 credentials from the environment: the same batches as the local loader.

@@ -144,11 +144,13 @@ int CacheDir::open_part(const std::string& key) const {
   for (;;) {
     const int fd = ::open(p.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
     if (fd < 0) return -1;
-    if (::flock(fd, LOCK_EX) != 0) {
-      ::close(fd);
-      throw Error(p + ": flock failed (" + std::strerror(errno) + ")");
+    // Polls rather than blocks: once the download we wait for is committed, the inode is the
+    // complete shard, which readers hold (shared) for as long as they use it.
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK || !same_file(fd, p)) break;
+      ::usleep(20000);
     }
-    if (same_file(fd, p)) return fd;
+    if (same_file(fd, p) && ::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
     ::close(fd);  // committed or evicted while we waited
     if (!files::exists(p)) return -1;
   }
