@@ -6,14 +6,15 @@
 // more. The stall of a save = its save() call + the extra time of the steps after it over the
 // round's median step without a save.
 //
-//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,fork] [--ema] [--layers L] [--seq T]
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread] [--ema] [--layers L] [--seq T]
 // prints one JSON line per save and a summary line (medians over rounds):
 //   <mode>_stall_ms        measured stall (sync: the whole save)
 //   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
-//   <mode>_peak_mb         peak PSS of this process plus its children during the save (the fork's
-//                          copy-on-write pages and the staging buffer both show here)
+//   <mode>_peak_extra_mb   peak PSS of this process plus its children during the save over the PSS
+//                          before it (the staging buffer shows on the first save only: it is kept)
 //   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
-// Mode "fork" sets LM_CKPT_FORK (the previous design, kept only for this comparison).
+// The forked writer (the previous design) was compared with this loop in commit 223b6ab (mode
+// "fork"); it stalled longer and was removed.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -126,13 +127,13 @@ double step(Model& m, lm::Checkpointer* ck) {
 int main(int argc, char** argv) {
   return lm::run_main("ckpt_stall", [&] {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
-    std::string dir, modes_arg = "sync,thread,fork";
+    std::string dir, modes_arg = "sync,thread";
     int rounds = 4, clean = 2, layers = 12, seq = 64;
     bool ema = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
     app.add_option("--clean", clean, "steps without a save before each save");
-    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, fork");
+    app.add_option("--modes", modes_arg, "comma-separated: sync, thread");
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
@@ -183,7 +184,6 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < modes.size(); ++i) {
         const std::string& mode = modes[(i + r) % modes.size()];
         lm::Checkpointer* ck = cks[mode].get();
-        if (mode == "fork") ::setenv("LM_CKPT_FORK", "1", 1); else ::unsetenv("LM_CKPT_FORK");
         for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck));
         base_mb = tree_pss_mb();
         sampler.start();
