@@ -122,6 +122,43 @@ double step(Model& m, lm::Checkpointer* ck) {
   return s;
 }
 
+// GPT-2 with `layers` layers (d 768), AdamW (and EMA), one random batch of (1, seq), the registry.
+void build(Model& m, int layers, int seq, bool ema) {
+  lm::ModelConfig mc;
+  mc.n_layer = layers, mc.n_head = 12, mc.d_model = 768, mc.seq_len = seq;
+  torch::manual_seed(0);
+  m.gpt = lm::GPT(mc, lm::padded_vocab(mc, 50257));
+  m.flat = std::make_unique<lm::FlatParams>(*m.gpt);
+  m.opt = std::make_unique<lm::AdamW>(*m.flat, lm::OptimConfig{});
+  if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
+  m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
+  using Scope = lm::StateRegistry::Scope;
+  m.registry.add(lm::state_key::kModel, Scope::kReplicated,
+                 [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
+  m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
+                 [](const lm::ComponentState*) {});
+  if (ema)
+    m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
+                   [](const lm::ComponentState*) {});
+}
+
+using PerMode = std::map<std::string, std::vector<double>>;
+
+// The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
+void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
+                   double state_mb, int rounds, double step_ms, double base_mb) {
+  nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms},
+                        {"rss_mb_before_save", base_mb}};
+  const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
+  for (auto& mode : modes) {
+    out[mode + "_stall_ms"] = median(stall[mode]);
+    out[mode + "_reported_ms"] = median(reported[mode]);
+    out[mode + "_peak_extra_mb"] = median(peak[mode]);
+    if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
+  }
+  std::cout << out.dump() << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,23 +184,8 @@ int main(int argc, char** argv) {
     std::stringstream ss(modes_arg);
     for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
     lm::install_caching_host_allocator();
-    lm::ModelConfig mc;
-    mc.n_layer = layers, mc.n_head = 12, mc.d_model = 768, mc.seq_len = seq;
-    torch::manual_seed(0);
     Model m;
-    m.gpt = lm::GPT(mc, lm::padded_vocab(mc, 50257));
-    m.flat = std::make_unique<lm::FlatParams>(*m.gpt);
-    m.opt = std::make_unique<lm::AdamW>(*m.flat, lm::OptimConfig{});
-    if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
-    m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
-    using Scope = lm::StateRegistry::Scope;
-    m.registry.add(lm::state_key::kModel, Scope::kReplicated,
-                   [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
-    m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
-                   [](const lm::ComponentState*) {});
-    if (ema)
-      m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
-                     [](const lm::ComponentState*) {});
+    build(m, layers, seq, ema);
     std::map<std::string, std::unique_ptr<lm::Checkpointer>> cks;
     for (auto& mode : modes) {
       lm::CheckpointConfig cc;
@@ -172,7 +194,7 @@ int main(int argc, char** argv) {
       cks[mode] = std::make_unique<lm::Checkpointer>(cc, dir + "/" + mode, 0, 1);
     }
     PeakSampler sampler;
-    std::map<std::string, std::vector<double>> stall, reported, peak;
+    PerMode stall, reported, peak;
     double state_mb = 0, base_mb = 0;
     std::vector<double> all_clean;
     for (int w = 0; w < 2; ++w) step(m, cks[modes[0]].get());  // warm-up
@@ -213,17 +235,8 @@ int main(int argc, char** argv) {
                                     {"peak_extra_mb", peak[mode].back()}}.dump() << std::endl;
       }
     }
-    nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", 1e3 * median(all_clean)},
-                          {"rss_mb_before_save", base_mb}};
-    const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
-    for (auto& mode : modes) {
-      out[mode + "_stall_ms"] = median(stall[mode]);
-      out[mode + "_reported_ms"] = median(reported[mode]);
-      out[mode + "_peak_extra_mb"] = median(peak[mode]);
-      if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
-    }
+    print_summary(modes, stall, reported, peak, state_mb, rounds, 1e3 * median(all_clean), base_mb);
     for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
-    std::cout << out.dump() << std::endl;
     return 0;
   });
 }
