@@ -6,14 +6,15 @@
 // more. The stall of a save = its save() call + the extra time of the steps after it over the
 // round's median step without a save.
 //
-//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,fork] [--ema] [--layers L] [--seq T]
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread] [--ema] [--layers L] [--seq T]
 // prints one JSON line per save and a summary line (medians over rounds):
 //   <mode>_stall_ms        measured stall (sync: the whole save)
 //   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
-//   <mode>_peak_mb         peak PSS of this process plus its children during the save (the fork's
-//                          copy-on-write pages and the staging buffer both show here)
+//   <mode>_peak_extra_mb   peak PSS of this process plus its children during the save over the PSS
+//                          before it (the staging buffer shows on the first save only: it is kept)
 //   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
-// Mode "fork" sets LM_CKPT_FORK (the previous design, kept only for this comparison).
+// The forked writer (the previous design) was compared with this loop in commit 223b6ab (mode
+// "fork"); it stalled longer and was removed.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -121,18 +122,55 @@ double step(Model& m, lm::Checkpointer* ck) {
   return s;
 }
 
+// GPT-2 with `layers` layers (d 768), AdamW (and EMA), one random batch of (1, seq), the registry.
+void build(Model& m, int layers, int seq, bool ema) {
+  lm::ModelConfig mc;
+  mc.n_layer = layers, mc.n_head = 12, mc.d_model = 768, mc.seq_len = seq;
+  torch::manual_seed(0);
+  m.gpt = lm::GPT(mc, lm::padded_vocab(mc, 50257));
+  m.flat = std::make_unique<lm::FlatParams>(*m.gpt);
+  m.opt = std::make_unique<lm::AdamW>(*m.flat, lm::OptimConfig{});
+  if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
+  m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
+  using Scope = lm::StateRegistry::Scope;
+  m.registry.add(lm::state_key::kModel, Scope::kReplicated,
+                 [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
+  m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
+                 [](const lm::ComponentState*) {});
+  if (ema)
+    m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
+                   [](const lm::ComponentState*) {});
+}
+
+using PerMode = std::map<std::string, std::vector<double>>;
+
+// The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
+void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
+                   double state_mb, int rounds, double step_ms, double base_mb) {
+  nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms},
+                        {"rss_mb_before_save", base_mb}};
+  const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
+  for (auto& mode : modes) {
+    out[mode + "_stall_ms"] = median(stall[mode]);
+    out[mode + "_reported_ms"] = median(reported[mode]);
+    out[mode + "_peak_extra_mb"] = median(peak[mode]);
+    if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
+  }
+  std::cout << out.dump() << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return lm::run_main("ckpt_stall", [&] {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
-    std::string dir, modes_arg = "sync,thread,fork";
+    std::string dir, modes_arg = "sync,thread";
     int rounds = 4, clean = 2, layers = 12, seq = 64;
     bool ema = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
     app.add_option("--clean", clean, "steps without a save before each save");
-    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, fork");
+    app.add_option("--modes", modes_arg, "comma-separated: sync, thread");
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
@@ -146,23 +184,8 @@ int main(int argc, char** argv) {
     std::stringstream ss(modes_arg);
     for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
     lm::install_caching_host_allocator();
-    lm::ModelConfig mc;
-    mc.n_layer = layers, mc.n_head = 12, mc.d_model = 768, mc.seq_len = seq;
-    torch::manual_seed(0);
     Model m;
-    m.gpt = lm::GPT(mc, lm::padded_vocab(mc, 50257));
-    m.flat = std::make_unique<lm::FlatParams>(*m.gpt);
-    m.opt = std::make_unique<lm::AdamW>(*m.flat, lm::OptimConfig{});
-    if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
-    m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
-    using Scope = lm::StateRegistry::Scope;
-    m.registry.add(lm::state_key::kModel, Scope::kReplicated,
-                   [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
-    m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
-                   [](const lm::ComponentState*) {});
-    if (ema)
-      m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
-                     [](const lm::ComponentState*) {});
+    build(m, layers, seq, ema);
     std::map<std::string, std::unique_ptr<lm::Checkpointer>> cks;
     for (auto& mode : modes) {
       lm::CheckpointConfig cc;
@@ -171,7 +194,7 @@ int main(int argc, char** argv) {
       cks[mode] = std::make_unique<lm::Checkpointer>(cc, dir + "/" + mode, 0, 1);
     }
     PeakSampler sampler;
-    std::map<std::string, std::vector<double>> stall, reported, peak;
+    PerMode stall, reported, peak;
     double state_mb = 0, base_mb = 0;
     std::vector<double> all_clean;
     for (int w = 0; w < 2; ++w) step(m, cks[modes[0]].get());  // warm-up
@@ -183,7 +206,6 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < modes.size(); ++i) {
         const std::string& mode = modes[(i + r) % modes.size()];
         lm::Checkpointer* ck = cks[mode].get();
-        if (mode == "fork") ::setenv("LM_CKPT_FORK", "1", 1); else ::unsetenv("LM_CKPT_FORK");
         for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck));
         base_mb = tree_pss_mb();
         sampler.start();
@@ -213,17 +235,8 @@ int main(int argc, char** argv) {
                                     {"peak_extra_mb", peak[mode].back()}}.dump() << std::endl;
       }
     }
-    nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", 1e3 * median(all_clean)},
-                          {"rss_mb_before_save", base_mb}};
-    const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
-    for (auto& mode : modes) {
-      out[mode + "_stall_ms"] = median(stall[mode]);
-      out[mode + "_reported_ms"] = median(reported[mode]);
-      out[mode + "_peak_extra_mb"] = median(peak[mode]);
-      if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
-    }
+    print_summary(modes, stall, reported, peak, state_mb, rounds, 1e3 * median(all_clean), base_mb);
     for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
-    std::cout << out.dump() << std::endl;
     return 0;
   });
 }

@@ -84,7 +84,7 @@ TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
     for (auto key : {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_rank", "step_ms", "data_wait_ms",
                      "data_wait_pct", "mem_mb", "tokens", "epoch", "batch_hash", "time"})
       EXPECT_TRUE(j.contains(key)) << key;
-    EXPECT_TRUE(j["mfu_pct"].is_null()) << "MFU must be unknown on CPU without log.peak_tflops";
+    EXPECT_TRUE(j["mfu_pct"].is_number()) << "on CPU: against the SGEMM peak measured at start";
     EXPECT_GT(j["mem_mb"].get<double>(), 1.0);
   }
   EXPECT_GE(test::metrics_of_kind(run / "metrics.jsonl", "window").size(), 3u);  // long-window aggregates

@@ -185,10 +185,10 @@ TEST_F(TrainE2E, ReadmeRecipeReproducesASweepRunFromMetaJson) {
   EXPECT_EQ(meta["numerics"]["torch_intra_op_threads"], 1);
   if (!meta["numerics"]["openblas"].is_null()) EXPECT_EQ(meta["numerics"]["openblas"]["threads"], 1);
   // The README's line, verbatim but for the paths, from a shell without those variables.
-  test::write_text(root / "recipe.sh", R"(RUN=$1 NEW=$2
+  test::write_text(root / "recipe.sh", R"SH(RUN=$1 NEW=$2
 env $(jq -r '.numerics.env | to_entries[] | "\(.key)=\(.value)"' "$RUN/meta.json") \
   "$TRAINER" "$RUN/config.yaml" run.dir="$NEW"
-)");
+)SH");
   const std::string recipe = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS TRAINER='" +
                              test::bin_path("trainer") + "' bash '" + root.path() + "/recipe.sh' '" + run + "' '" + again + "'";
   auto r = run_bin("/bin/bash", {"-c", recipe});

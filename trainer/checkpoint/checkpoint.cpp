@@ -1,9 +1,7 @@
 // Checkpoint layout, commit protocol, verification, retention, sync/async saves (see checkpoint.h).
 #include "trainer/checkpoint/checkpoint.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -262,37 +260,6 @@ void Checkpointer::save(const CheckpointState& st) {
     const double ms = ms_since(t0);
     record({st.step, dir, false, ms, ms, ms, mb, err});
     if (!err.empty() && cfg_.on_error == "stop") throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
-    return;
-  }
-  if (std::getenv("LM_CKPT_FORK")) {  // TEMPORARY: the old design, for bench/ckpt_stall.sh's comparison
-    auto f = std::make_unique<InFlight>();
-    auto plans = plan_files(st, &f->keep);
-    f->report = {st.step, dir, true, 0, 0, 0, plans_mb(plans), ""};
-    f->staged = true;
-    InFlight* fl = f.get();
-    inflight_ = std::move(f);
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("checkpoint: pipe failed");
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
-      if (!err.empty() && ::write(fds[1], err.data(), err.size()) < 0) {}
-      ::_exit(err.empty() ? 0 : 1);
-    }
-    ::close(fds[1]);
-    fl->thread = std::thread([fl, pid, fd = fds[0]] {
-      const auto w0 = Clock::now();
-      char buf[512];
-      ssize_t n;
-      while ((n = ::read(fd, buf, sizeof buf)) > 0) fl->report.error.append(buf, static_cast<size_t>(n));
-      ::close(fd);
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      fl->report.write_ms = ms_since(w0);
-      fl->done.store(true);
-    });
-    fl->report.call_ms = ms_since(t0);
     return;
   }
   auto f = std::make_unique<InFlight>();

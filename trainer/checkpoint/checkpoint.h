@@ -19,7 +19,7 @@
 // is kept for the next save: host memory holds the state twice while async saves are on.
 // (A forked writer, as Redis' BGSAVE, was measured against this design on the same training loop
 // and stalled training longer: every page the next update writes is copied on write; see
-// bench/ckpt_stall.sh.)
+// bench/ckpt_stall.sh and commit 223b6ab.)
 //
 // SaveReport::block_ms is the real stall (trainer/checkpoint/stall.h): the time save() blocked
 // plus, for an async save, the extra time of the steps that ran while it was in flight over steps

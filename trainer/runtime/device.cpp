@@ -160,7 +160,9 @@ double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtyp
 
 double measure_sgemm_flops(int64_t n, int reps) {
   torch::NoGradGuard no_grad;
-  auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  // Deterministic inputs: drawing them would advance the global generator and shift every later
+  // dropout draw (a resumed run, whose generator state was just restored, would then differ).
+  auto a = torch::linspace(-1.0, 1.0, n * n).view({n, n}), b = a.t().contiguous(), c = torch::empty({n, n});
   torch::mm_out(c, a, b);  // warm-up: threads started, pages touched
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
