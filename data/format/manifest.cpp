@@ -69,7 +69,7 @@ Manifest Manifest::load(const std::string& dir) {
   json j;
   try {
     j = json::parse(files::read_file(path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // also out_of_range: a number like 1e999
     throw DataError(path + ": invalid JSON (" + e.what() + ")");
   }
   Fields f(path);
