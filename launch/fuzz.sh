@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-5}
 [ $# -gt 0 ] && shift
-BUILD_DIR=build-fuzz
+BUILD_DIR=$PWD/build-fuzz  # absolute: fuzz_sweep changes directory
 ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_safetensors fuzz_checkpoint)
 [ -n "${FUZZ_BASE_ONLY:-}" ] && ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl)
 NAMES=("$@")
@@ -32,12 +32,12 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/tests
 export TMPDIR=${FUZZ_TMPDIR:-/dev/shm}
 mkdir -p "$BUILD_DIR/artifacts"
 for name in "${NAMES[@]}"; do
-  seeds=tests/fuzz/corpus/$name regress=tests/fuzz/regressions/$name work=$BUILD_DIR/corpus/$name
+  seeds=$PWD/tests/fuzz/corpus/$name regress=$PWD/tests/fuzz/regressions/$name work=$BUILD_DIR/corpus/$name
   mkdir -p "$work"
   dict=()
   case "$name" in
-    fuzz_config|fuzz_sweep) dict=(-dict=tests/fuzz/yaml.dict) ;;
-    *) dict=(-dict=tests/fuzz/json.dict) ;;
+    fuzz_config|fuzz_sweep) dict=(-dict=$PWD/tests/fuzz/yaml.dict) ;;
+    *) dict=(-dict=$PWD/tests/fuzz/json.dict) ;;
   esac
   opts=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -close_fd_mask=1 -print_final_stats=1
         -artifact_prefix="$BUILD_DIR/artifacts/$name-" "${dict[@]}")

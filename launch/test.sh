@@ -7,8 +7,10 @@ bash launch/deps.sh
 bash launch/build.sh
 (cd build && ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@")
 # Hardening (README "What survives what"): the torch-free suites under ASan+UBSan, then every
-# fuzzer's regression inputs and a few seconds of fuzzing each. LM_SKIP_HARDENING=1 skips both.
+# torch-free fuzzer's regression inputs and a few seconds of fuzzing each (the torch ones,
+# safetensors and checkpoint, need a clang build of LibTorch code: FUZZ_BASE_ONLY= to add them).
+# LM_SKIP_HARDENING=1 skips both.
 if [ -z "${LM_SKIP_HARDENING:-}" ]; then
   bash launch/sanitize.sh
-  bash launch/fuzz.sh "${FUZZ_SECONDS:-5}"
+  FUZZ_BASE_ONLY=${FUZZ_BASE_ONLY-1} bash launch/fuzz.sh "${FUZZ_SECONDS:-5}"
 fi

@@ -44,6 +44,7 @@ struct Field {
 std::string scalar_of(const YAML::Node& n) {
   if (n.IsNull()) bad("missing value");
   if (!n.IsScalar()) bad("expected a single value, got a " + std::string(n.IsMap() ? "map" : "list"));
+  if (!valid_utf8(n.Scalar())) bad("not valid UTF-8");  // found by tests/fuzz: JSON records refuse it
   return n.Scalar();
 }
 
@@ -508,7 +509,11 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
     } else if (!root.IsMap()) {
       throw ConfigError(file_where(path, root) + ": expected a map of sections at the top level");
     } else {
-      walk(s, path, "", root, &origins);
+      try {
+        walk(s, path, "", root, &origins);
+      } catch (const YAML::Exception& e) {  // e.g. a list or map as a key (found by tests/fuzz)
+        throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg + " (keys are plain names)");
+      }
     }
   }
   for (const auto& ov : overrides) {

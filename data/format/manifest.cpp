@@ -77,7 +77,7 @@ Manifest Manifest::parse(const std::string& text, const std::string& path, const
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // also out_of_range: a number like 1e999
     throw DataError(path + ": invalid JSON (" + e.what() + ")");
   }
   Fields f(path);

@@ -146,7 +146,7 @@ class DocReader {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also out_of_range: 1e999 (found by tests/fuzz)
       throw DataError(where + ": invalid JSON (" + e.what() + ")");
     }
     if (!j.is_object()) throw DataError(where + ": JSONL record is not an object");

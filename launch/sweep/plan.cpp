@@ -67,6 +67,13 @@ Rows combinations(const SweepSpec& s) {
     for (auto& v : s.seeds) rows.push_back({{kSeedKey, v}});
     factors.push_back(std::move(rows));
   }
+  // A bound before expanding: 12 axes of 10 values would be 10^12 runs (found by tests/fuzz).
+  constexpr size_t kMaxRuns = 10000;
+  size_t n = 1;
+  for (auto& f : factors) {
+    n = f.empty() ? 0 : (n > kMaxRuns / f.size() ? kMaxRuns + 1 : n * f.size());
+    if (n > kMaxRuns) throw ConfigError(s.path + ": more than " + std::to_string(kMaxRuns) + " runs; split the sweep");
+  }
   Rows combos{{}};
   for (auto& f : factors) {
     Rows next;

@@ -186,15 +186,19 @@ SweepSpec parse_sweep(const std::string& path) {
   }
   SweepSpec s;
   s.path = path;
-  const Sections sec = read_top_level(path, root, s);
-  if (sec.overrides) parse_overrides(path, *sec.overrides, s);
-  if (sec.grid) s.grid = parse_axes(path, "grid", *sec.grid);
-  if (sec.zip) parse_zip(path, *sec.zip, s);
-  if (sec.seeds) parse_seeds(path, *sec.seeds, s);
-  if (s.grid.empty() && s.zip.empty() && s.seeds.empty())
-    bad(path, "nothing to sweep: give at least one of grid, zip, seeds");
-  check_owners(path, s, sec.seeds);
-  if (sec.launch) parse_launch(path, *sec.launch, s);
+  try {  // yaml-cpp's own errors (e.g. a list or map as a key, found by tests/fuzz) name the line too
+    const Sections sec = read_top_level(path, root, s);
+    if (sec.overrides) parse_overrides(path, *sec.overrides, s);
+    if (sec.grid) s.grid = parse_axes(path, "grid", *sec.grid);
+    if (sec.zip) parse_zip(path, *sec.zip, s);
+    if (sec.seeds) parse_seeds(path, *sec.seeds, s);
+    if (s.grid.empty() && s.zip.empty() && s.seeds.empty())
+      bad(path, "nothing to sweep: give at least one of grid, zip, seeds");
+    check_owners(path, s, sec.seeds);
+    if (sec.launch) parse_launch(path, *sec.launch, s);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg + " (keys are plain names)");
+  }
   return s;
 }
 

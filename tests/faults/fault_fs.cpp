@@ -143,9 +143,10 @@ int FaultFileSystem::rename(const char* from, const char* to) {
     for (auto& p : created_) move(p);
     for (auto& [fd, f] : open_) move(f.path);
     std::map<std::string, long long> moved;
-    for (auto [p, s] : unsynced_) {
+    for (const auto& [path, size] : unsynced_) {
+      std::string p = path;
       move(p);
-      moved[p] = s;
+      moved[p] = size;
     }
     unsynced_ = std::move(moved);
     renamed_.push_back(rec);

@@ -19,14 +19,15 @@ namespace lm::fuzz {
 
 // $TMPDIR/lm_fuzz.<pid>/ (or /tmp), created once; removed at exit.
 inline const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  // Never destroyed: the atexit cleanup below runs after static destructors would have.
+  static const std::string* dir = [] {
     const char* t = std::getenv("TMPDIR");
-    std::string d = std::string(t && *t ? t : "/tmp") + "/lm_fuzz." + std::to_string(::getpid());
-    files::make_dirs(d);
+    auto* d = new std::string(std::string(t && *t ? t : "/tmp") + "/lm_fuzz." + std::to_string(::getpid()));
+    files::make_dirs(*d);
     std::atexit([] { files::remove_all(scratch_dir()); });
     return d;
   }();
-  return dir;
+  return *dir;
 }
 
 // Writes `bytes` to scratch_dir()/name (plainly: the parser reads what the fuzzer gave).
