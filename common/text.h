@@ -11,5 +11,8 @@ namespace lm {
 size_t edit_distance(const std::string& a, const std::string& b);
 // The candidate closest to `word` by edit distance (for "did you mean" messages); "" if none.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// Offset of the first byte that is not part of valid UTF-8 (no overlongs, surrogates or code
+// points past U+10FFFF), or std::string::npos when all of `s` is valid.
+size_t invalid_utf8_at(const std::string& s);
 
 }  // namespace lm

@@ -27,7 +27,7 @@ struct Loader::Impl {
       : set(m, split, c.verify == "full",
             [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); }),
         planner(c, set, seq_len, micro_batch, rank, world, seed),
-        workers(c, set, planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id),
+        workers(c, set, planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id, m.tokenizer.vocab_size),
         fingerprint(make_fingerprint(c, m.data_version, split, seq_len, seed, planner.shuffle_block())) {}
 };
 

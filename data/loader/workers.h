@@ -26,8 +26,10 @@ namespace lm::data {
 
 class Workers {
  public:
-  // Starts no thread (start() does). eos and pad are the tokenizer's ids.
-  Workers(const DataConfig& c, const ShardSet& set, Planner& planner, int64_t seq_len, uint32_t eos, uint32_t pad);
+  // Starts no thread (start() does). eos and pad are the tokenizer's ids; every token id read must
+  // be below vocab (else the batch's slot holds a DataError naming shard and document).
+  Workers(const DataConfig& c, const ShardSet& set, Planner& planner, int64_t seq_len, uint32_t eos, uint32_t pad,
+          uint32_t vocab);
   ~Workers();  // stop()
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
@@ -61,7 +63,7 @@ class Workers {
   Planner& planner_;  // guarded by mu_
   bool bucketed_;
   int64_t T_, threads_, prefetch_, pad_multiple_;
-  uint32_t eos_, pad_;
+  uint32_t eos_, pad_, vocab_;
 
   // ---- the queue, guarded by mu_
   mutable std::mutex mu_;

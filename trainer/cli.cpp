@@ -1,0 +1,45 @@
+// `trainer CONFIG.yaml [dotted.key=value ...]`: the command line in front of train() (see cli.h).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "trainer/cli.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+namespace lm {
+namespace {
+
+const char* kUsage =
+    "usage: trainer CONFIG.yaml [dotted.key=value ...]\n"
+    "  Trains the experiment described by CONFIG.yaml; overrides beat the file.\n";
+
+}  // namespace
+
+int trainer_cli(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (args.empty()) throw UsageError("missing CONFIG.yaml (usage: trainer CONFIG.yaml [dotted.key=value ...])");
+  if (args[0].find('=') != std::string::npos || (!args[0].empty() && args[0][0] == '-'))
+    throw UsageError("the first argument must be the config file, got '" + args[0] + "'");
+  std::vector<std::string> overrides;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i].find('=') == std::string::npos)
+      throw UsageError("argument '" + args[i] + "' is not a dotted.key=value override");
+    overrides.push_back(args[i]);
+  }
+  auto cfg = load_config(args[0], overrides);
+  if (cfg.data.train.empty())  // e.g. an empty file, or one of comments only
+    throw ConfigError(args[0] + ": key 'data.train' is not set: the trainer needs a prep output directory "
+                      "(data.train in the file, or data.train=DIR on the command line)");
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  train(cfg, command);
+  return kExitOk;
+}
+
+}  // namespace lm
