@@ -219,9 +219,17 @@ std::string try_rename(const std::string& from, const std::string& to) {
 }
 
 void make_dirs(const std::string& dir) {
+  // Each directory made here becomes durable only when its parent is fsync'd (a crash could
+  // otherwise lose the new entry and everything committed below it).
+  std::vector<std::filesystem::path> made;
+  for (auto p = std::filesystem::path(dir); !p.empty() && !exists(p.string()); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(dir + ": cannot create directory (" + ec.message() + ")");
+  for (auto it = made.rbegin(); it != made.rend(); ++it) fsync_dir(parent_dir(it->string()));
 }
 
 void remove_all(const std::string& path) {

@@ -95,7 +95,7 @@ void fsync_dir(const std::string& dir);
 std::string try_fsync_dir(const std::string& dir);
 // Renames `from` to `to` through the file system in use; "" or the error naming both.
 std::string try_rename(const std::string& from, const std::string& to);
-// mkdir -p. Throws lm::Error on failure.
+// mkdir -p, then fsync of the parent of every directory it created. Throws lm::Error on failure.
 void make_dirs(const std::string& dir);
 // rm -rf; no error when missing.
 void remove_all(const std::string& path);

@@ -51,6 +51,11 @@ void init(const std::string& file, bool console, int rank, int world_size) {
   l->set_level(spdlog::level::debug);
   if (console && !sinks.empty()) sinks[0]->set_level(spdlog::level::info);
   l->flush_on(spdlog::level::info);
+  // A log file that cannot be written (disk full) is said once, not once per line.
+  l->set_error_handler([file](const std::string& msg) {
+    static std::once_flag once;
+    std::call_once(once, [&] { std::fprintf(stderr, "log: %s: %s (further log errors not shown)\n", file.c_str(), msg.c_str()); });
+  });
   std::lock_guard<std::mutex> lock(g_mu);
   g_logger = l;
 }

@@ -32,7 +32,7 @@ using test::TempDir;
 Manifest make_dataset(const std::string& dir, const std::vector<Docs>& shards, uint64_t vocab = 258) {
   Manifest m;
   m.dtype = dtype_for_vocab(vocab) == TokenDtype::kU16 ? "uint16" : "uint32";
-  m.tokenizer = {"bytes", vocab, static_cast<uint32_t>(vocab - 2), static_cast<uint32_t>(vocab - 1), "",
+  m.tokenizer = {vocab == 258 ? "bytes" : "sentencepiece", vocab, static_cast<uint32_t>(vocab - 2), static_cast<uint32_t>(vocab - 1), "",
                  hex64(xxh64("bytes", 5))};
   std::vector<std::pair<std::string, Docs>> all;
   for (const auto& d : shards) all.emplace_back("train", d);

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -292,6 +294,7 @@ std::string print_stages(const std::vector<StageConfig>& v) {
 void describe(Schema& s, ExperimentConfig& c) {
   s.text("run.dir", &c.run.dir, "run directory");
   s.integer("run.seed", &c.run.seed, "seed for init, dropout and data order", 0);
+  s.boolean("run.skip_memory_check", &c.run.skip_memory_check, "start even when the memory estimate exceeds what is available");
 
   // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
   const int64_t any = std::numeric_limits<int64_t>::min();
@@ -435,9 +438,17 @@ void apply(const Schema& s, const std::string& where, const std::string& key, co
 // Walks a YAML map, applying leaves as dotted keys.
 void walk(const Schema& s, const std::string& path, const std::string& prefix, const YAML::Node& node,
           Origins* origins) {
+  std::map<std::string, int> seen;  // key -> line, to refuse duplicates (YAML says keys are unique)
   for (auto it = node.begin(); it != node.end(); ++it) {
-    std::string name = it->first.as<std::string>();
+    if (!it->first.IsScalar())
+      throw ConfigError(file_where(path, it->first) + ": a key must be a plain name, not a " +
+                        (it->first.IsSequence() ? "list" : it->first.IsMap() ? "map" : "null"));
+    std::string name = it->first.Scalar();
     std::string key = prefix.empty() ? name : prefix + "." + name;
+    const int line = it->first.Mark().line + 1;
+    if (auto [at, fresh] = seen.emplace(name, line); !fresh)
+      throw ConfigError(file_where(path, it->first) + ": duplicate key '" + key + "' (first set on line " +
+                        std::to_string(at->second) + ")");
     const YAML::Node v = it->second;  // a copy (a handle): it->second lives in a temporary proxy
     if (v.IsMap()) {
       if (s.find(key)) apply(s, file_where(path, it->first), key, v);  // gives "expected a single value"
@@ -488,6 +499,21 @@ bool shown(const ExperimentConfig& c, const std::string& key) {
   return key.rfind("model.", 0) != 0 || arch_uses_key(c.model.arch, key.substr(6));
 }
 
+// The config file's text: a regular file of valid UTF-8 (YAML's encoding), else ConfigError.
+std::string read_config_text(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a directory, expected a YAML experiment file");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (!in) throw ConfigError(path + ": cannot open config file");
+  text << in.rdbuf();  // (an empty file sets failbit: fine)
+  const std::string s = text.str();
+  if (const size_t at = invalid_utf8_at(s); at != std::string::npos)
+    throw ConfigError(path + ":" + std::to_string(1 + std::count(s.begin(), s.begin() + static_cast<ptrdiff_t>(at), '\n')) +
+                      ": not valid UTF-8 (byte " + std::to_string(at) + "); YAML files are UTF-8");
+  return s;
+}
+
 }  // namespace
 
 ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -497,12 +523,13 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   Origins origins;
   if (!path.empty()) {
     YAML::Node root;
+    const std::string text = read_config_text(path);
     try {
-      root = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-      throw ConfigError(path + ": cannot open config file");
+      root = YAML::Load(text);
     } catch (const YAML::ParserException& e) {
       throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(path + ": YAML error: " + e.msg);
     }
     if (root.IsNull()) {
       // empty file: defaults
@@ -522,6 +549,8 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
     if (eq == std::string::npos || eq == 0)
       throw ConfigError(where + ": expected dotted.key=value");
     std::string key = ov.substr(0, eq), text = ov.substr(eq + 1);
+    if (const size_t bad_at = invalid_utf8_at(ov); bad_at != std::string::npos)
+      throw ConfigError("override '" + ov.substr(0, bad_at) + "...': not valid UTF-8 at byte " + std::to_string(bad_at));
     // Every key holds one value: the override's text is that value, verbatim (so "a: b" is a
     // string, not a map); an empty value is missing.
     apply(s, where, key, text.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(text), &origins);

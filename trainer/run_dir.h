@@ -12,6 +12,7 @@
 //   checkpoints/step_<8 digits>/ full-state checkpoints (checkpoint/checkpoint.h); *.tmp = unfinished
 //   anomalies/step_<8 digits>/   the batch and provenance of an anomalous step
 //   profile/                     Chrome traces of log.profile_steps
+//   run.lock                     held by the running trainer (its pid inside)
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,11 @@ inline std::string checkpoint(const std::string& run, int64_t step) { return che
 inline std::string anomalies(const std::string& run) { return run + "/anomalies"; }
 inline std::string anomaly(const std::string& run, int64_t step) { return anomalies(run) + "/" + step_name(step); }
 inline std::string profile(const std::string& run) { return run + "/profile"; }
+
+// Held (common/dir_lock.h) by the trainer's rank 0 while it runs in the directory.
+constexpr const char* kLock = "run.lock";
+// Checkpoints that did not verify, moved aside instead of deleted (checkpoint/checkpoint.h).
+inline std::string quarantine(const std::string& run) { return checkpoints(run) + "/quarantine"; }
 
 // Inside a checkpoint directory: written last, lists every file with its size and xxh64.
 constexpr const char* kCheckpointManifest = "manifest.json";

@@ -14,6 +14,7 @@
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/compat.h"
+#include "common/dir_lock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -29,6 +30,7 @@
 #include "trainer/dist/launch_env.h"
 #include "trainer/dist/step_stats.h"
 #include "trainer/evaluate.h"
+#include "trainer/memory_check.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
@@ -60,6 +62,7 @@ class Trainer {
         rank_(launch_.rank), world_(launch_.world_size), rng_(device_), detector_(cfg.anomaly),
         schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps) {
     open_data();
+    check_memory_fits(cfg, vocab_, device_);  // before anything is allocated or written
     open_run_dir();
     ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_,
                                            std::max(1, world_ / std::max(1, launch_.local_world_size)));
@@ -107,6 +110,7 @@ class Trainer {
     if (eval_) evaluate();
     if (ckpt_->last_save_step() != step_) save();  // always one at the end
     ckpt_->wait();
+    if (metrics_) metrics_->flush();
     log_saves();
     if (rank_ == 0)
       save_safetensors(run_dir::weights(cfg_.run.dir), module_tensors(*model_),
@@ -118,7 +122,12 @@ class Trainer {
   void finish(int exit_code, const std::string& error) {
     if (metrics_) metrics_->flush();
     if (!error.empty() && device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "failure", rank_);
-    if (record_) record_->finish(!error.empty() ? "failed" : stopped_ ? "stopped" : "completed", exit_code, error);
+    try {
+      if (record_) record_->finish(!error.empty() ? "failed" : stopped_ ? "stopped" : "completed", exit_code, error);
+    } catch (const Error& e) {  // e.g. the disk that failed the run: its error is the one to report
+      if (error.empty()) throw;
+      log::debug(std::string("meta.json not updated: ") + e.what());
+    }
   }
 
  private:
@@ -144,6 +153,9 @@ class Trainer {
   // The run directory, this rank's log, and the process group.
   void open_run_dir() {
     const auto& dir = cfg_.run.dir;
+    files::make_dirs(dir);
+    // One trainer (group) per run directory: a second one would interleave metrics and checkpoints.
+    if (rank_ == 0) lock_ = std::make_unique<DirLock>(dir, run_dir::kLock, "another trainer");
     files::make_dirs(run_dir::logs(dir));
     log::init(run_dir::rank_log(dir, rank_), /*console=*/rank_ == 0, rank_, world_);
     if (world_ <= 1) return;
@@ -472,11 +484,18 @@ class Trainer {
   }
   void save_and_wait() { save(), ckpt_->wait(), log_saves(); }
 
+  // Errors of the background writers (checkpoint writer, metrics sinks) arrive here, on the
+  // training thread: checkpoint.on_error stop ends the run (one line, exit 1), continue warns.
+  void background_error(const std::string& err) {
+    if (cfg_.checkpoint.on_error == "stop") throw Error(err);
+    log::warn(err + " (checkpoint.on_error: continue, training goes on)");
+  }
+
   void log_saves() {
+    if (auto err = metrics_ ? metrics_->take_error() : ""; !err.empty()) background_error(err);
     for (auto& r : ckpt_->finished()) {
       if (!r.error.empty()) {
-        log::error("checkpoint at step " + std::to_string(r.step) + " failed: " + r.error);
-        if (cfg_.checkpoint.on_error == "stop") throw Error("checkpoint at step " + std::to_string(r.step) + " failed: " + r.error);
+        background_error("checkpoint at step " + std::to_string(r.step) + " failed: " + r.error);
         continue;
       }
       const double mbps = r.write_ms > 0 ? r.mb / (r.write_ms / 1e3) : 0;
@@ -509,6 +528,7 @@ class Trainer {
     return sum;
   }
 
+  std::unique_ptr<DirLock> lock_;  // RUN_DIR/run.lock (rank 0); first member: released last
   // Config and environment.
   ExperimentConfig cfg_;
   LaunchEnv launch_;

@@ -10,6 +10,7 @@ namespace lm {
 struct RunConfig {
   std::string dir = "runs/default";  // run directory (config, metrics, logs, checkpoints)
   int64_t seed = 1337;               // seeds model init, dropout and data order
+  bool skip_memory_check = false;    // start even when the memory estimate exceeds what is available
 };
 
 struct TrainConfig {

@@ -102,6 +102,9 @@ Manifest Manifest::parse(const std::string& text, const std::string& path, const
     f.fail("dtype", "does not match tokenizer.vocab_size");
   ti.file = f.str(t, "file", "tokenizer");
   ti.hash = f.str(t, "hash", "tokenizer");
+  // The bytes tokenizer's ids are fixed: a changed digit here would silently change the stream.
+  if (ti.kind == "bytes" && (ti.vocab_size != 258 || ti.eos_id != 256 || ti.pad_id != 257 || !ti.file.empty()))
+    f.fail("tokenizer", "the bytes tokenizer has vocab_size 258, eos_id 256, pad_id 257 and no file");
 
   const json& shards = f.at(j, "shards", "");
   if (!shards.is_array()) f.fail("shards", "must be an array");

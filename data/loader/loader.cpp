@@ -53,7 +53,8 @@ struct Loader::Impl {
   void start_workers(const DataConfig& c, int64_t seq_len, const Manifest& m) {
     std::vector<const ShardSet*> v;
     for (auto& s : sets) v.push_back(s.get());
-    workers = std::make_unique<Workers>(c, v, *planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id);
+    workers = std::make_unique<Workers>(c, v, *planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id,
+                                        static_cast<uint32_t>(m.tokenizer.vocab_size));
     workers->start(0, 0, planner->mix_state());
   }
 };

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/errors.h"
+#include "common/log.h"
 #include "data/format/shard.h"
 
 namespace lm::data {
 
-TokenWalk::TokenWalk(size_t count, uint32_t eos, Open open) : count_(count), eos_(eos), open_(std::move(open)) {}
+TokenWalk::TokenWalk(size_t count, uint32_t eos, uint32_t vocab, Open open)
+    : count_(count), eos_(eos), vocab_(vocab), open_(std::move(open)) {}
 
 void TokenWalk::seek(size_t i, uint64_t q) {
   const ShardReader& s = open_(i);
@@ -43,6 +46,13 @@ uint64_t TokenWalk::read(uint32_t* dst, uint64_t n) {
     if (off_ < len) {
       const uint64_t c = std::min(len - off_, n - k);
       cur_->read_tokens(cur_->doc_offset(doc_) + off_, c, dst + k);
+      // A hand-edited or buggy shard whose checksum matches: caught here, before the model sees it.
+      const uint32_t* bad = std::find_if(dst + k, dst + k + c, [&](uint32_t id) { return id >= vocab_; });
+      if (bad != dst + k + c)
+        throw DataError(strf("%s: document %llu: token id %u (token %llu of the document) is not below the vocabulary "
+                             "size %u (manifest.json tokenizer.vocab_size)", cur_->path().c_str(),
+                             static_cast<unsigned long long>(doc_), *bad,
+                             static_cast<unsigned long long>(off_ + static_cast<uint64_t>(bad - (dst + k))), vocab_));
       k += c, off_ += c;
     } else {
       dst[k++] = eos_;

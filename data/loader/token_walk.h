@@ -19,7 +19,9 @@ class TokenWalk {
   // open(i) returns shard i of the sequence; the reference must stay valid until the next open().
   // The walk holds on to the current shard only.
   using Open = std::function<const ShardReader&(size_t i)>;
-  TokenWalk(size_t count, uint32_t eos, Open open);
+  // Every id read must be < vocab (the manifest's tokenizer.vocab_size): read() checks the tokens
+  // it copies and throws DataError naming the shard, document and id of the first that is not.
+  TokenWalk(size_t count, uint32_t eos, uint32_t vocab, Open open);
 
   // Moves to stream offset q of shard i (opens it; binary search over its documents).
   // REQUIRES: i < count, q <= its stream length.
@@ -37,7 +39,7 @@ class TokenWalk {
 
  private:
   size_t count_;
-  uint32_t eos_;
+  uint32_t eos_, vocab_;
   Open open_;
   const ShardReader* cur_ = nullptr;  // shard_ of the sequence
   size_t shard_ = 0;

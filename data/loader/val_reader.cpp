@@ -9,9 +9,10 @@
 
 namespace lm::data {
 
-ValReader::ValReader(const Manifest& m, const std::string& split, int64_t seq_len)
-    : manifest_(m), shards_(m.split(split)),
-      walk_(shards_.size(), m.tokenizer.eos_id, [this](size_t i) -> const ShardReader& { return open(i); }) {
+ValReader::ValReader(const Manifest& m, const std::string& split, int64_t seq_len, bool verify_all)
+    : manifest_(m), shards_(m.split(split)), verified_(shards_.size(), false),
+      walk_(shards_.size(), m.tokenizer.eos_id, m.tokenizer.vocab_size,
+            [this](size_t i) -> const ShardReader& { return open(i); }) {
   if (seq_len < 1) throw Error(strf("ValReader: seq_len must be >= 1 (got %lld)", static_cast<long long>(seq_len)));
   if (shards_.empty()) throw DataError(m.dir + ": split '" + split + "' has no shards");
   uint64_t stream = 0;
@@ -20,6 +21,8 @@ ValReader::ValReader(const Manifest& m, const std::string& split, int64_t seq_le
     throw DataError(strf("%s: split '%s' holds %llu tokens (EOS included), fewer than seq_len+1 = %lld",
                          m.dir.c_str(), split.c_str(), static_cast<unsigned long long>(stream),
                          static_cast<long long>(seq_len) + 1));
+  if (verify_all)
+    for (size_t i = 0; i < shards_.size(); ++i) manifest_.verify_shard(shards_[i]), verified_[i] = true;
   window_.resize(static_cast<size_t>(seq_len) + 1);
   reset();
 }
@@ -34,6 +37,8 @@ void ValReader::reset() {
 
 const ShardReader& ValReader::open(size_t i) {
   cur_.reset();  // one shard open at a time
+  if (!verified_[i]) manifest_.verify_shard(shards_[i]);  // lazy: before its tokens are first used
+  verified_[i] = true;
   cur_ = manifest_.open_shard(shards_[i]);
   return *cur_;
 }

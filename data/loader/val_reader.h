@@ -2,7 +2,9 @@
 // joined with EOS into one stream (TokenWalk, the loader's walk), cut into consecutive windows of
 // seq_len+1 tokens (inputs = w[0:T], targets = w[1:T+1]); consecutive windows overlap by one token
 // so no target is lost. Wraps around at the end of the split (epoch += 1). No shuffle, no workers;
-// shards are opened one at a time (checked against the manifest, checksums not read).
+// shards are opened one at a time, checked against the manifest, and their checksums are verified
+// before their tokens are first used (all at construction with verify_all: data.verify full).
+// Token ids at or above the vocabulary are refused (DataError naming shard and document).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,7 @@ class ValReader {
   // Throws DataError naming the directory and split when the split has no shards or its stream
   // (tokens plus one EOS per document) is shorter than seq_len+1 tokens, or when a shard does not
   // match the manifest (the first shard at once, the others when the reader reaches them).
-  ValReader(const Manifest& m, const std::string& split, int64_t seq_len);
+  ValReader(const Manifest& m, const std::string& split, int64_t seq_len, bool verify_all = false);
   ~ValReader();
   ValReader(const ValReader&) = delete;
   ValReader& operator=(const ValReader&) = delete;
@@ -37,6 +39,7 @@ class ValReader {
 
   Manifest manifest_;
   std::vector<ShardInfo> shards_;
+  std::vector<bool> verified_;  // checksum checked (per shard)
   std::unique_ptr<ShardReader> cur_;  // the one open shard
   TokenWalk walk_;
   int64_t epoch_ = 0;

@@ -15,9 +15,9 @@
 namespace lm::data {
 
 Workers::Workers(const DataConfig& c, std::vector<const ShardSet*> sets, BatchPlanner& planner, int64_t seq_len,
-                 uint32_t eos, uint32_t pad)
+                 uint32_t eos, uint32_t pad, uint32_t vocab)
     : sets_(std::move(sets)), planner_(planner), bucketed_(c.mode == "bucketed"), T_(seq_len), threads_(c.workers),
-      prefetch_(c.prefetch), pad_multiple_(c.pad_multiple), eos_(eos), pad_(pad) {}
+      prefetch_(c.prefetch), pad_multiple_(c.pad_multiple), eos_(eos), pad_(pad), vocab_(vocab) {}
 
 Workers::~Workers() { stop(); }
 
@@ -126,13 +126,13 @@ void Workers::rewind_to(uint64_t batches) {
 SampleOrigin Workers::read_row(const Plan::Row& r, uint32_t* w, ShardCache& shards) const {
   const ShardSet& set = *sets_[r.source];
   if (bucketed_) {
-    TokenWalk walk(set.size(), eos_, [&](size_t i) -> const ShardReader& { return shards.get(static_cast<uint32_t>(i)); });
+    TokenWalk walk(set.size(), eos_, vocab_, [&](size_t i) -> const ShardReader& { return shards.get(static_cast<uint32_t>(i)); });
     walk.seek(r.ref.shard, r.ref.doc, r.ref.offset);
     walk.read(w, r.ref.len);
     return {set.manifest_index(r.ref.shard), r.ref.doc, r.ref.offset, r.source};
   }
   const EpochTable& ep = *r.epoch;
-  TokenWalk walk(ep.order.size(), eos_, [&](size_t i) -> const ShardReader& { return shards.get(ep.order[i]); });
+  TokenWalk walk(ep.order.size(), eos_, vocab_, [&](size_t i) -> const ShardReader& { return shards.get(ep.order[i]); });
   const size_t p = static_cast<size_t>(std::upper_bound(ep.start.begin(), ep.start.end(), r.pos) - ep.start.begin() - 1);
   walk.seek(p, r.pos - ep.start[p]);
   const SampleOrigin origin{set.manifest_index(ep.order[p]), walk.doc(), walk.offset(), r.source};

@@ -28,10 +28,11 @@ namespace lm::data {
 
 class Workers {
  public:
-  // Starts no thread (start() does). eos and pad are the tokenizer's ids.
+  // Starts no thread (start() does). eos and pad are the tokenizer's ids; every token id read must
+  // be below vocab (else the batch's slot holds a DataError naming shard and document).
   // sets: the sources' shards (one for a single source), indexed by Plan::Row::source.
   Workers(const DataConfig& c, std::vector<const ShardSet*> sets, BatchPlanner& planner, int64_t seq_len, uint32_t eos,
-          uint32_t pad);
+          uint32_t pad, uint32_t vocab);
   ~Workers();  // stop()
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
@@ -74,7 +75,7 @@ class Workers {
   BatchPlanner& planner_;  // guarded by mu_
   bool bucketed_;
   int64_t T_, threads_, prefetch_, pad_multiple_;
-  uint32_t eos_, pad_;
+  uint32_t eos_, pad_, vocab_;
 
   // ---- the queue, guarded by mu_
   mutable std::mutex mu_;

@@ -7,6 +7,7 @@
 #include "data/prep/prep.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -236,6 +237,7 @@ class StagingDir {
       if (!stdfs::is_empty(out_, ec) && !files::exists(out_ + "/manifest.json"))
         throw UsageError("--out " + out_ + ": existing directory has no manifest.json (not a prep output); refusing to replace it");
     }
+    remove_stale_temps();
     files::remove_all(tmp_);
     files::make_dirs(tmp_);
   }
@@ -268,6 +270,26 @@ class StagingDir {
   }
 
  private:
+  // OUT.tmp.<pid> and OUT.old.<pid> of a prep that died (no such process any more): removed.
+  void remove_stale_temps() const {
+    const stdfs::path out(out_);
+    const stdfs::path parent = out.parent_path().empty() ? stdfs::path(".") : out.parent_path();
+    const std::string base = out.filename().string();
+    std::error_code ec;
+    for (auto& e : stdfs::directory_iterator(parent, ec)) {
+      const std::string name = e.path().filename().string();
+      for (const char* kind : {".tmp.", ".old."}) {
+        const std::string prefix = base + kind;
+        if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string pid = name.substr(prefix.size());
+        if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive
+        log::warn("removing " + e.path().string() + ", left by prep process " + pid + " which is gone");
+        files::remove_all(e.path().string());
+      }
+    }
+  }
+
   [[noreturn]] void fail() const {
     throw Error(out_ + ": cannot move " + tmp_ + " into place (" + std::strerror(errno) + ")");
   }

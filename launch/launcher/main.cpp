@@ -22,6 +22,9 @@
 // 1 other runtime failures (rendezvous timeout, lost the store).
 #include <fcntl.h>
 
+#include <string>
+
+#include "common/dir_lock.h"
 #include "common/errors.h"
 #include "launch/launcher/launcher.h"
 #include "launch/launcher/options.h"
@@ -41,6 +44,9 @@ int main(int argc, char** argv) {
   return lm::run_main("launch", [&] {
     auto o = lm::launch::parse_options(argc, argv);
     if (!o) return 0;
+    // One launcher per node of a job: a second one would mix its attempts' logs into ours.
+    lm::DirLock lock(o->log_dir + "/" + o->run_id, "launch_node" + std::to_string(o->node_rank) + ".lock",
+                     "another launch");
     return lm::launch::run_launcher(*o);
   });
 }

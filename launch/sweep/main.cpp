@@ -40,17 +40,12 @@
 // signals, report), summary.h (summary.csv / summary.md).
 #include <CLI/CLI.hpp>
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/dir_lock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -66,31 +61,6 @@ struct CommandLine {
   std::string sweep_path;
   int parallel = 1;
   bool dry_run = false;
-};
-
-// Holds DIR/sweep.lock (flock) for the life of the sweep: one sweep per directory at a time.
-class DirLock {
- public:
-  explicit DirLock(const std::string& dir) {
-    const std::string path = dir + "/sweep.lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      char buf[32] = {0};
-      ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
-      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
-      holder.erase(holder.find_last_not_of("\n ") + 1);
-      throw UsageError(dir + " is in use by another sweep (pid " + holder + "); wait for it or stop it");
-    }
-    std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) { /* informational only */ }
-  }
-  ~DirLock() { ::close(fd_); }
-  DirLock(const DirLock&) = delete;
-  DirLock& operator=(const DirLock&) = delete;
-
- private:
-  int fd_ = -1;
 };
 
 std::string bin_dir() {
@@ -167,7 +137,7 @@ int sweep_main(int argc, char** argv) {
   }
   check_binaries(spec, bins, /*dry_run=*/false);
   files::make_dirs(spec.dir);
-  DirLock lock(spec.dir);
+  DirLock lock(spec.dir, "sweep.lock", "another sweep");
   files::write_file_atomic(spec.dir + "/sweep.yaml", files::read_file(c.sweep_path));
   install_signal_handlers();
   const int done_before = run_all(spec, runs, c.parallel);

@@ -28,6 +28,7 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 using run_dir::step_name;
+constexpr const char* kResaveSuffix = ".old";  // step_N.old: the checkpoint a re-save replaces
 
 // Committed checkpoint directories (step_<digits>), newest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
@@ -39,6 +40,45 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
   return out;
+}
+
+// Renames the finished `tmp` to `final_dir` and makes it durable. A re-save of the same step moves
+// the old directory aside (step_N.old) and removes it only once the new one is committed: a crash
+// in between leaves one of them complete, and the next Checkpointer puts it back
+// (recover_resaves). "" or the error; no exceptions.
+std::string commit_dir(const std::string& ckpt_dir, const std::string& tmp, const std::string& final_dir) {
+  const std::string aside = final_dir + kResaveSuffix;
+  const bool resave = files::exists(final_dir);
+  if (resave) {
+    files::remove_all(aside);
+    if (auto err = files::try_rename(final_dir, aside); !err.empty()) return err;
+  }
+  if (auto err = files::try_rename(tmp, final_dir); !err.empty()) {
+    if (resave) files::try_rename(aside, final_dir);  // the old one stays the checkpoint
+    return err;
+  }
+  if (auto err = files::try_fsync_dir(ckpt_dir); !err.empty()) return err;
+  if (resave) files::remove_all(aside);
+  return "";
+}
+
+// A re-save interrupted between its two renames (commit_dir): the new directory is in place
+// (drop the old one) or it is not (the old one goes back).
+void recover_resaves(const std::string& ckpt_dir) {
+  std::error_code ec;
+  const size_t n = std::strlen(kResaveSuffix);
+  for (auto& e : stdfs::directory_iterator(ckpt_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= n || name.compare(name.size() - n, n, kResaveSuffix) != 0) continue;
+    const std::string base = ckpt_dir + "/" + name.substr(0, name.size() - n);
+    if (run_dir::parse_step_name(name.substr(0, name.size() - n)) < 0) continue;
+    if (files::exists(base)) {
+      files::remove_all(e.path().string());
+    } else if (files::try_rename(e.path().string(), base).empty()) {
+      log::warn("restored checkpoint " + base + " (its re-save was interrupted before the commit)");
+      files::fsync_dir(ckpt_dir);
+    }
+  }
 }
 
 // Writes this rank's files of checkpoint `step` and, on rank 0, commits it. Returns "" or an
@@ -82,9 +122,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     if (auto err = files::write_plan(tmp, mp, nullptr); !err.empty()) return err;
     for (int r = 0; r < world; ++r) files::file_system().remove((tmp + "/rank_" + std::to_string(r) + ".done").c_str());
     if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
-    if (files::exists(final_dir)) files::remove_all(final_dir);  // a re-save of the same step
-    if (auto err = files::try_rename(tmp, final_dir); !err.empty()) return err;
-    return files::try_fsync_dir(ckpt_dir);
+    return commit_dir(ckpt_dir, tmp, final_dir);
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -111,10 +149,11 @@ struct Checkpointer::InFlight {
 };
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
-    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), rank_(rank), world_(world),
-      interval_(cfg, rank == 0, nodes) {
+    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), quarantine_(run_dir::quarantine(run_dir)), rank_(rank),
+      world_(world), interval_(cfg, rank == 0, nodes) {
   files::make_dirs(ckpt_dir_);
   if (rank_ == 0) {
+    recover_resaves(ckpt_dir_);
     std::error_code ec;
     for (auto& e : stdfs::directory_iterator(ckpt_dir_, ec)) {
       const std::string name = e.path().filename().string();
@@ -161,9 +200,19 @@ void Checkpointer::settle(double extra_s) {
 }
 
 void Checkpointer::record(SaveReport r) {
+  // A failed save leaves no half-written directory taking the space the next attempt needs.
+  if (!r.error.empty() && rank_ == 0) files::remove_all(ckpt_dir_ + "/" + step_name(r.step) + ".tmp");
   if (r.error.empty() && rank_ == 0) {
     interval_.record_cost(r.block_ms / 1e3);
-    prune();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      verified_.insert(r.step);
+    }
+    try {  // nothing escapes: a failed retention never fails the save
+      prune();
+    } catch (const std::exception& e) {
+      log::warn(std::string("checkpoint retention: ") + e.what());
+    }
   }
   done_.push_back(std::move(r));
 }
@@ -291,8 +340,31 @@ void Checkpointer::prune() {
   for (size_t i = static_cast<size_t>(cfg_.keep_last); i < all.size(); ++i) {
     const int64_t step = all[i].first;
     if (cfg_.keep_every > 0 && step % cfg_.keep_every == 0) continue;
-    files::remove_all(all[i].second);
+    // Deleted only when known to verify (written or loaded by this process, or checked now);
+    // one that does not verify is moved aside, never deleted.
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      known = verified_.count(step) > 0;
+    }
+    const std::string why = known ? "" : verify(all[i].second);
+    if (why.empty())
+      files::remove_all(all[i].second);
+    else
+      quarantine(all[i].second, why);
   }
+}
+
+std::string Checkpointer::quarantine(const std::string& dir, const std::string& why) {
+  files::make_dirs(quarantine_);
+  const std::string name = stdfs::path(dir).filename().string();
+  std::string to = quarantine_ + "/" + name;
+  for (int n = 1; files::exists(to); ++n) to = quarantine_ + "/" + name + "." + std::to_string(n);
+  if (auto err = files::try_rename(dir, to); !err.empty()) throw Error("cannot move a damaged checkpoint aside: " + err);
+  files::fsync_dir(quarantine_);
+  files::fsync_dir(ckpt_dir_);
+  log::warn("checkpoint " + dir + " did not verify (" + why + "): moved to " + to + " (kept, never deleted)");
+  return to;
 }
 
 namespace {
@@ -301,7 +373,12 @@ namespace {
 // file it lists exists with its size (a cheap check); checksums are left to the reader. A manifest
 // of another format version sets *other_version (refused, never skipped).
 using ManifestFiles = std::map<std::string, std::pair<uint64_t, std::string>>;
-ManifestFiles read_manifest(const std::string& dir, std::string* why, bool* other_version = nullptr) {
+// The manifest's own facts, for load() to compare with state.json's (the manifest has no checksum).
+struct ManifestHead {
+  int64_t step = -1, world_size = -1;
+};
+ManifestFiles read_manifest(const std::string& dir, std::string* why, bool* other_version = nullptr,
+                            ManifestHead* head = nullptr) {
   ManifestFiles files;
   nlohmann::json m;
   try {
@@ -322,6 +399,13 @@ ManifestFiles read_manifest(const std::string& dir, std::string* why, bool* othe
       if (other_version) *other_version = true;
       return files;
     }
+    const ManifestHead h{m.at("step").get<int64_t>(), m.at("world_size").get<int64_t>()};
+    const int64_t named = run_dir::parse_step_name(stdfs::path(dir).filename().string());
+    if (named >= 0 && h.step != named) {
+      *why = "manifest.json: step " + std::to_string(h.step) + " in a directory of step " + std::to_string(named);
+      return files;
+    }
+    if (head) *head = h;
     for (auto& f : m.at("files")) {
       const std::string name = f.at("name").get<std::string>(), path = dir + "/" + name;
       std::error_code ec;
@@ -397,6 +481,9 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
     }
     return cfg_.resume;
   }
+  // The newest that verifies; newer ones that do not are moved aside. When checkpoints exist and
+  // none verifies, the run stops (a fresh start would silently lose it) unless checkpoint.force.
+  std::vector<std::pair<std::string, std::string>> bad;  // directory, why
   for (auto& [step, dir] : list_checkpoints(ckpt_dir_)) {
     std::string why;
     bool other_version = false;
@@ -404,21 +491,37 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
     if (other_version) throw CheckpointError(dir + ": " + why);
     try {
       *out = load(dir);
-      return dir;
     } catch (const CheckpointError& e) {
-      log::warn("skipping checkpoint " + dir + ": " + e.what());
+      std::string what = e.what();  // without the directory, named once in front
+      if (what.rfind(dir, 0) == 0) what.erase(0, what.find_first_not_of(":/ ", dir.size()));
+      bad.emplace_back(dir, what);
+      continue;
     }
+    for (auto& [d, w] : bad) quarantine(d, w);
+    return dir;
   }
+  if (bad.empty()) return "";
+  if (!cfg_.force) {
+    std::string msg = std::to_string(bad.size()) + " checkpoint(s) and none verifies:";
+    for (auto& [d, w] : bad) msg += " " + d + " (" + w + ");";
+    throw CheckpointError(msg + " set checkpoint.resume=none to start afresh beside them, or checkpoint.force=true "
+                          "to move them to " + quarantine_ + " and start afresh");
+  }
+  for (auto& [d, w] : bad) quarantine(d, w);
+  log::warn("no checkpoint verifies: starting afresh (checkpoint.force)");
   return "";
 }
 
 CheckpointState Checkpointer::load(const std::string& dir) {
   std::string why;
-  CheckedReader in(dir, read_manifest(dir, &why));
+  ManifestHead head;
+  CheckedReader in(dir, read_manifest(dir, &why, nullptr, &head));
   if (!why.empty()) throw CheckpointError(why);
   const auto state = in.json("state.json");
   if (state.value("magic", "") != kCheckpointMagic || state.value("version", 0) != kCheckpointVersion)
     throw CheckpointError(dir + "/state.json: not a version " + std::to_string(kCheckpointVersion) + " checkpoint");
+  if (state.value("step", int64_t{-2}) != head.step || state.value("world_size", int64_t{-2}) != head.world_size)
+    throw CheckpointError(dir + "/manifest.json: step or world_size differs from state.json's");
   CheckpointState st;
   try {
     st.step = state.at("step").get<int64_t>();
@@ -435,6 +538,10 @@ CheckpointState Checkpointer::load(const std::string& dir) {
     throw CheckpointError(dir + ": malformed state (" + std::string(e.what()) + ")");
   }
   last_save_step_ = st.step;
+  if (stdfs::path(dir).lexically_normal() == stdfs::path(ckpt_dir_ + "/" + step_name(st.step)).lexically_normal()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    verified_.insert(st.step);
+  }
   return st;
 }
 

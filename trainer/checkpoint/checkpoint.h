@@ -26,6 +26,13 @@
 // that ran without one. It is final once the loop has reported the step during which the writer
 // finished (step_done), and it is the cost checkpoint.every_steps: auto uses.
 //
+// Damaged checkpoints: resume: auto takes the newest that verifies and moves newer ones that do not
+// into checkpoints/quarantine/ (run_dir::quarantine); when checkpoints exist and none verifies it
+// refuses (CheckpointError naming each and why) unless checkpoint.force (then all are moved aside
+// and the run starts afresh). Retention deletes only checkpoints known to verify; one that does not
+// is moved aside too. A re-save of an existing step keeps the old directory until the new one is
+// committed (step_N.old; put back by the next Checkpointer after a crash).
+//
 // A checkpoint of another format version is refused with CheckpointError (exit 2), also by
 // resume: auto, naming the directory and both versions.
 //
@@ -38,6 +45,7 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,7 +74,8 @@ struct SaveReport {
 
 class Checkpointer {
  public:
-  // Removes stale "*.tmp" directories (rank 0) from interrupted saves. nodes: machines in the job
+  // Creates (and fsyncs) RUN_DIR/checkpoints; on rank 0 removes stale "*.tmp" directories of
+  // interrupted saves and repairs an interrupted re-save. nodes: machines in the job
   // (checkpoint.mtbf_hours is per node; see interval.h).
   Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world_size, int nodes = 1);
   ~Checkpointer();  // waits for an in-flight save
@@ -92,8 +101,9 @@ class Checkpointer {
 
   // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
   // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
-  // checksums verify; each one skipped is logged with why. An explicit path that does not verify
-  // throws CheckpointError.
+  // checksums verify; newer ones that do not are moved to the quarantine with a warning naming
+  // each and why; none verifies: CheckpointError (see above). An explicit path that does not
+  // verify throws CheckpointError.
   std::string load_resume(CheckpointState* out);
   // Reads a checkpoint for this rank, checking every file it reads against manifest.json's size
   // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
@@ -114,14 +124,18 @@ class Checkpointer {
   void settle(double fence_fallback_s);
   void record(SaveReport r);
   void prune();
+  // Moves a checkpoint that did not verify into the quarantine (a free name there) and logs where.
+  std::string quarantine(const std::string& dir, const std::string& why);
 
   CheckpointConfig cfg_;
-  std::string ckpt_dir_;
+  std::string ckpt_dir_, quarantine_;
   int rank_, world_;
   std::unique_ptr<InFlight> inflight_;
   std::vector<SaveReport> done_;
   torch::Tensor buffer_;  // the reusable staging buffer (uint8, host; pinned for CUDA state)
   StallMeter stall_;
+  std::mutex mu_;
+  std::set<int64_t> verified_;  // steps known to verify: committed or loaded here (guarded by mu_)
   SaveInterval interval_;
   int64_t last_save_step_ = 0;
 };

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "data/tokenizer/tokenizer.h"
@@ -59,7 +61,16 @@ int generate_cli(int argc, char** argv) {
   app.add_option("--data", data_dir, "prepared data directory for the tokenizer (default: the run's data.train)");
   app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
   app.add_option("--tokens", opt.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--temperature", opt.temperature, "sampling temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
+  // A finite number >= 0, 0 = greedy (CLI::NonNegativeNumber lets nan and inf through).
+  const CLI::Validator finite_nonneg(
+      [](std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0 ? std::string()
+                                                                          : "expected a finite number >= 0, got '" + s + "'";
+      },
+      "NONNEGATIVE");
+  app.add_option("--temperature", opt.temperature, "sampling temperature; 0 = greedy")->check(finite_nonneg);
   app.add_option("--top-k", opt.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "random seed");
   app.add_option("--samples", samples, "number of samples")->check(CLI::Range(1, 1000));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -105,6 +106,23 @@ double memory_mb(const torch::Device& device) {
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1e3;  // kB
   return 0;
+}
+
+double available_memory_bytes(const torch::Device& device) {
+#if LM_CUDA
+  if (device.is_cuda()) {
+    size_t free = 0, total = 0;
+    return cudaMemGetInfo(&free, &total) == cudaSuccess ? static_cast<double>(free) : 0;
+  }
+#endif
+  double avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) avail = std::atof(line.c_str() + 13) * 1e3;  // kB
+  std::ifstream cg("/sys/fs/cgroup/memory.max");  // a container's limit, when lower
+  std::string limit;
+  if (cg >> limit && limit != "max" && std::atof(limit.c_str()) > 0) avail = std::min(avail, std::atof(limit.c_str()));
+  return avail;
 }
 
 void reset_peak_memory(const torch::Device& device) {

@@ -38,6 +38,9 @@ class BatchUploader {
 // Memory in MB: CUDA peak allocated since the last reset, or this process's CPU resident set.
 double memory_mb(const torch::Device& device);
 void reset_peak_memory(const torch::Device& device);
+// Bytes a new allocation can still get: CUDA free memory, or MemAvailable (capped by the cgroup's
+// memory.max) on CPU; 0 when unknown.
+double available_memory_bytes(const torch::Device& device);
 
 // The accelerator for meta.json: model, driver, CUDA and NCCL versions, count; empty on CPU.
 struct GpuInfo {

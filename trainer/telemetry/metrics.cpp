@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "common/errors.h"
@@ -37,6 +40,12 @@ void truncate_after(const std::string& path, int64_t keep) {
   files::write_file_atomic(path, kept);
 }
 
+uint64_t file_size_or_zero(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<uint64_t>(n);
+}
+
 std::string eta_text(double s) {
   if (!(s >= 0) || s > 1e8) return "?";
   const auto t = static_cast<long long>(s);
@@ -60,6 +69,8 @@ MetricsSink::MetricsSink(const Options& opt) : opt_(opt) {
     if (opt.keep_through_step >= 0) tb_->session_start(opt.keep_through_step + 1, now_s());
   }
   bar_ = opt.console && ::isatty(STDERR_FILENO);
+  jsonl_good_ = static_cast<uint64_t>(std::ftell(jsonl_));
+  if (tb_) tb_good_ = file_size_or_zero(tb_->path());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -71,7 +82,60 @@ MetricsSink::~MetricsSink() {
   cv_.notify_all();
   thread_.join();
   if (bar_) std::fputs("\n", stderr);
-  std::fclose(jsonl_);
+  if (jsonl_) std::fclose(jsonl_);
+}
+
+std::string MetricsSink::take_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string e;
+  e.swap(error_);
+  return e;
+}
+
+// A failed file: cut back to its last complete record (nothing half-written stays) and closed; the
+// next batch opens it again (TensorBoard: a new events file). The error goes to the training
+// thread (take_error) once per failing spell: a later batch that succeeds ends the spell.
+void MetricsSink::fail(const std::string& what) {
+  if (jsonl_ && what.rfind(run_dir::metrics(opt_.run_dir), 0) == 0) {
+    std::fclose(jsonl_);  // may still push part of its buffer: cut below
+    jsonl_ = nullptr;
+    if (::truncate(run_dir::metrics(opt_.run_dir).c_str(), static_cast<off_t>(jsonl_good_)) != 0) {}
+  } else if (tb_ && what.rfind(tb_->path(), 0) == 0) {
+    const std::string path = tb_->path();
+    tb_.reset();
+    if (::truncate(path.c_str(), static_cast<off_t>(tb_good_)) != 0) {}
+  }
+  if (failing_) return;
+  failing_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = "metrics: " + what;
+}
+
+// Files closed by fail() are opened again (appending; TensorBoard starts a new file).
+void MetricsSink::reopen() {
+  const std::string path = run_dir::metrics(opt_.run_dir);
+  if (!jsonl_ && !(jsonl_ = std::fopen(path.c_str(), "a"))) throw Error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+  if (opt_.tensorboard && !tb_) {
+    tb_ = std::make_unique<TensorBoardWriter>(opt_.run_dir);
+    tb_good_ = file_size_or_zero(tb_->path());
+  }
+}
+
+void MetricsSink::write_batch(const std::deque<nlohmann::json>& batch) {
+  const std::string path = run_dir::metrics(opt_.run_dir);
+  try {
+    if (failing_) reopen();
+    for (const auto& rec : batch) handle(rec);
+    if (jsonl_ && std::fflush(jsonl_) != 0) throw Error(path + ": write failed (" + std::strerror(errno) + ")");
+    if (jsonl_) jsonl_good_ = static_cast<uint64_t>(std::ftell(jsonl_));
+    if (tb_) {
+      tb_->flush();
+      tb_good_ = file_size_or_zero(tb_->path());
+    }
+    failing_ = false;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
 }
 
 void MetricsSink::write(nlohmann::json rec) {
@@ -103,9 +167,7 @@ void MetricsSink::run() {
     batch.swap(queue_);
     busy_ = true;
     lock.unlock();
-    for (const auto& rec : batch) handle(rec);
-    std::fflush(jsonl_);
-    if (tb_) tb_->flush();
+    write_batch(batch);
     lock.lock();
     busy_ = false;
     if (queue_.empty()) idle_cv_.notify_all();
@@ -125,7 +187,8 @@ void MetricsSink::mixture_scalars(const nlohmann::json& rec, int64_t step, doubl
 
 void MetricsSink::handle(const nlohmann::json& rec) {
   const std::string line = rec.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), jsonl_);
+  if (jsonl_ && std::fwrite(line.data(), 1, line.size(), jsonl_) != line.size())
+    throw Error(run_dir::metrics(opt_.run_dir) + ": write failed (" + std::strerror(errno) + ")");
   const std::string kind = rec.value(records::kKind, "");
   const int64_t step = rec.value(records::kStep, int64_t{0});
   const double wall = rec.value(records::kTime, now_s());

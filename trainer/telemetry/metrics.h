@@ -5,6 +5,11 @@
 // The training thread only enqueues a JSON record (write()); formatting, file writes and flushes
 // happen on the sink's thread, so telemetry costs the step microseconds (caller_ms() measures it).
 // Records are written in the order they were enqueued. Thread-safe.
+//
+// Errors: a write that fails on the sink's thread (disk full, EIO) never escapes it. The file is
+// cut back to its last complete record (the failed batch's records are lost), the next batch
+// tries again, and the error ("metrics: PATH: write failed (...)") waits for the training thread
+// in take_error(), once per spell of failures; the training thread decides: stop or continue.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -39,6 +44,8 @@ class MetricsSink {
   void write(nlohmann::json rec);
   // Blocks until every record enqueued so far is written and flushed.
   void flush();
+  // The first write error since the last call ("" when none), for the training thread.
+  std::string take_error();
   // Total time callers spent inside write(), in milliseconds.
   double caller_ms() const;
   // The long window's running state (survives a resume through the checkpoint).
@@ -50,12 +57,18 @@ class MetricsSink {
   void handle(const nlohmann::json& rec);
   // A train record's tokens per source: data/tokens/NAME (window) and data/share/NAME (run, %).
   void mixture_scalars(const nlohmann::json& rec, int64_t step, double wall);
+  void write_batch(const std::deque<nlohmann::json>& batch);
+  void fail(const std::string& what);
+  void reopen();
   void console_line(const nlohmann::json& rec);
   void long_window(const nlohmann::json& rec);
 
   Options opt_;
   std::FILE* jsonl_ = nullptr;
   std::unique_ptr<TensorBoardWriter> tb_;
+  uint64_t jsonl_good_ = 0, tb_good_ = 0;  // sizes after the last complete flush (sink thread)
+  bool failing_ = false;                   // the last batch failed (sink thread)
+  std::string error_;                      // guarded by mu_
   bool bar_ = false;
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;

@@ -1,0 +1,37 @@
+// The up-front memory estimate (see memory_check.h).
+#include "trainer/memory_check.h"
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "trainer/runtime/device.h"
+
+namespace lm {
+
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
+  const double d = static_cast<double>(cfg.model.d_model), L = static_cast<double>(cfg.model.n_layer);
+  const double T = static_cast<double>(cfg.model.seq_len), H = static_cast<double>(cfg.model.n_head);
+  const double V = static_cast<double>(vocab), B = static_cast<double>(cfg.train.micro_batch_size);
+  const double n = V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d;  // wte, wpe, blocks, ln_f
+  MemoryEstimate e;
+  e.params = 4 * n;
+  e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
+  const double value_bytes = cfg.train.dtype == "bf16" ? 2 : 4;
+  e.activations = L * B * T * d * (34 + 5 * H * T / d) * value_bytes + 3 * B * T * V * 4;
+  return e;
+}
+
+void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device) {
+  if (cfg.run.skip_memory_check) return;
+  const MemoryEstimate e = estimate_memory(cfg, vocab);
+  const double avail = available_memory_bytes(device);
+  if (avail <= 0 || e.total() <= avail) return;
+  throw ConfigError(strf("the config needs an estimated %.1f GB (parameters %.1f GB, gradients and optimizer state "
+                         "%.1f GB, activations %.1f GB at train.micro_batch_size=%lld, model.seq_len=%lld) but %s "
+                         "has %.1f GB available; shrink model.d_model / model.n_layer / model.seq_len / "
+                         "train.micro_batch_size, or set run.skip_memory_check=true",
+                         e.total() / 1e9, e.params / 1e9, e.optimizer / 1e9, e.activations / 1e9,
+                         static_cast<long long>(cfg.train.micro_batch_size), static_cast<long long>(cfg.model.seq_len),
+                         device.str().c_str(), avail / 1e9));
+}
+
+}  // namespace lm

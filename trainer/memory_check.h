@@ -1,0 +1,30 @@
+// The memory a training run needs, estimated before anything is allocated, so a config that
+// cannot fit is refused with one line (exit 2) instead of allocating until the machine gives out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "trainer/config.h"
+
+namespace lm {
+
+struct MemoryEstimate {
+  double params = 0;       // bytes: fp32 weights
+  double optimizer = 0;    // bytes: gradients, AdamW moments, EMA weights
+  double activations = 0;  // bytes: one micro-batch's saved activations and logits
+  double total() const { return params + optimizer + activations; }
+};
+
+// Parameters 4N, gradients 4N, AdamW 8N, EMA 4N (N from the GPT shape with a tied head);
+// activations per layer ~ B*T*d*(34 + 5*H*T/d) 16-bit values (Korthikanti et al., 2022), doubled
+// for fp32, plus 3 B*T*V fp32 values for the logits and their gradients. An estimate, not a bound.
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab);
+
+// Throws ConfigError naming the estimate and the memory available when the estimate exceeds it
+// (unless cfg.run.skip_memory_check, or the available memory is unknown).
+void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device);
+
+}  // namespace lm
