@@ -242,7 +242,7 @@ TEST(HostileInput, TrainerPrepAndGenerateRefuseWithOneLine) {
   for (const char* opt : {"--shard-tokens", "--split-seed", "--vocab-size"})
     one_line_exit2(test::run_bin("prep", {tmp / "in.txt", "--out", tmp / "o", opt, "-1"}), "expected an integer >= 0, got '-1'");
   EXPECT_FALSE(stdfs::exists(tmp / "o"));
-  for (const char* t : {"nan", "inf", "-1", "x"}  // 0 is greedy)
+  for (const char* t : {"nan", "inf", "-1", "x"})  // 0 is greedy
     one_line_exit2(test::run_bin("generate", {"--run", tmp / "none", "--temperature", t}), "expected a finite number >= 0");
 }
 

@@ -33,7 +33,7 @@ Manifest make_source(const std::string& root, const std::string& name, std::vect
   files::make_dirs(dir);
   Manifest m;
   m.dtype = "uint32";
-  m.tokenizer = {"bytes", 100000, 99998, 99999, "", hex64(xxh64(tok.data(), tok.size()))};
+  m.tokenizer = {"sentencepiece", 100000, 99998, 99999, "", hex64(xxh64(tok.data(), tok.size()))};
   std::mt19937 g(seed);
   uint32_t next = 1;
   docs_per_shard.push_back(1);  // val

@@ -141,7 +141,7 @@ std::string meta_status(const std::string& run) {
 
 TEST_F(SignalTest, DuringEvaluationTheRunCheckpointsAfterItAndResumes) {
   TempDir d;
-  const auto args = trainer_args(data_, d / "run", {"train.max_steps=6", "eval.every_steps=2", "eval.batches=400"});
+  const auto args = trainer_args(data_, d / "run", {"train.max_steps=6", "eval.every_steps=2", "eval.batches=5000"});
   auto t = start(args, d / "out");
   // Step 2's record is written before its evaluation starts; 400 batches keep it busy.
   for (auto t0 = Clock::now(); test::last_train_step(d / "run/metrics.jsonl") < 2;) {
@@ -235,7 +235,7 @@ TEST_F(SignalTest, DuringShutdownTheRunCompletes) {
 
 TEST_F(SignalTest, ASecondSignalAbortsAtOnce) {
   TempDir d;
-  auto t = start(trainer_args(data_, d / "run", {"train.max_steps=6", "eval.every_steps=2", "eval.batches=400"}), d / "out");
+  auto t = start(trainer_args(data_, d / "run", {"train.max_steps=6", "eval.every_steps=2", "eval.batches=5000"}), d / "out");
   for (auto t0 = Clock::now(); test::last_train_step(d / "run/metrics.jsonl") < 2;) {
     ASSERT_TRUE(t.p.running()) << test::read_text(t.out);
     ASSERT_LT(Clock::now() - t0, std::chrono::seconds(120));
