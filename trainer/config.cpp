@@ -149,6 +149,8 @@ class Schema {
 };
 
 // THE list of config keys. Defaults live in the component Config structs.
+void describe_training(Schema& s, ExperimentConfig& c);
+
 void describe(Schema& s, ExperimentConfig& c) {
   s.text("run.dir", &c.run.dir, "run directory");
   s.integer("run.seed", &c.run.seed, "seed for init, dropout and data order", 0);
@@ -196,6 +198,11 @@ void describe(Schema& s, ExperimentConfig& c) {
   s.number("model.ffn_dim_multiplier", &c.model.ffn_dim_multiplier, "llama: SwiGLU width multiplier; 0 = none", 0, false);
   s.boolean("model.tie_embeddings", &c.model.tie_embeddings, "llama: output head shares the token embedding");
 
+  describe_training(s, c);
+}
+
+// The optimizer, schedule, training, checkpoint, evaluation and logging keys.
+void describe_training(Schema& s, ExperimentConfig& c) {
   s.number("optim.lr", &c.optim.lr, "peak learning rate", 0, true);
   s.number("optim.beta1", &c.optim.beta1, "AdamW beta1", 0, false, 1, true);
   s.number("optim.beta2", &c.optim.beta2, "AdamW beta2", 0, false, 1, true);
