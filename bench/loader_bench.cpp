@@ -105,6 +105,23 @@ void generate(const std::string& dir, uint64_t tokens, uint64_t shard_tokens, ui
 
 }  // namespace
 
+// The loader over `data` (sources > 0: a mixture of that many sources over it, weights 1..N), and
+// how long opening it took (start-up: manifests, shard headers, plan).
+std::unique_ptr<lm::data::Loader> open_timed(lm::DataConfig& cfg, const std::string& data, int64_t sources,
+                                             int64_t seq, int64_t batch, uint64_t seed, double* startup_s) {
+  if (sources > 0) {
+    for (int64_t i = 0; i < sources; ++i)
+      cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)), data, static_cast<double>(i + 1), 0});
+  } else {
+    cfg.train = data;
+  }
+  const auto t_start = Clock::now();
+  const auto manifests = lm::data::open_sources(cfg);
+  auto loader = lm::data::open_loader(cfg, manifests, "train", seq, batch, 0, 1, seed, 1);
+  *startup_s = seconds_since(t_start);
+  return loader;
+}
+
 int main(int argc, char** argv) {
   return lm::run_main("loader_bench", [&] {
     CLI::App app("loader throughput and memory");
@@ -150,16 +167,8 @@ int main(int argc, char** argv) {
     }
     RssSampler rss;
     cfg.mode = mode, cfg.workers = workers, cfg.prefetch = prefetch, cfg.token_budget = budget;
-    if (sources > 0) {
-      for (int64_t i = 0; i < sources; ++i)
-        cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)), data, static_cast<double>(i + 1), 0});
-    } else {
-      cfg.train = data;
-    }
-    const auto t_start = Clock::now();
-    const auto manifests = lm::data::open_sources(cfg);
-    auto loader_ptr = lm::data::open_loader(cfg, manifests, "train", seq, batch, 0, 1, seed, 1);
-    const double startup_s = seconds_since(t_start);
+    double startup_s = 0;
+    auto loader_ptr = open_timed(cfg, data, sources, seq, batch, seed, &startup_s);
     lm::data::Loader& loader = *loader_ptr;
     for (int64_t i = 0; i < warmup; ++i) loader.next();
     int64_t real = 0, out_bytes = 0;
