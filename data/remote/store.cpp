@@ -150,12 +150,13 @@ class RemoteStore : public ShardSource {
   // The background fetcher: keeps the shards of the latest ahead() list in the cache, in order.
   void run_ahead() {
     std::unique_lock<std::mutex> lk(mu_);
-    uint64_t done = 0;
-    for (;;) {  // a list not fully fetched is tried again every half second
-      cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_ || generation_ != done; });
+    uint64_t done = 0, tried = 0;
+    for (;;) {  // a list not fully fetched is tried again after half a second, a new list at once
+      cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_ || generation_ != tried; });
       if (stop_) return;
       if (generation_ == done) continue;
       const uint64_t gen = generation_;
+      tried = gen;  // the pause lets a reader waiting for a .part this thread was retrying take it
       const std::vector<ShardInfo> infos = infos_;
       lk.unlock();
       bool complete = true;
