@@ -9,6 +9,7 @@ PKGS=(
   libcli11-dev libxxhash-dev googletest libgtest-dev libgmock-dev
   libprotobuf-dev protobuf-compiler libisal-dev
   bible-kjv python3-torch
+  libzstd-dev zstd  # raw .zst text sources (data/text/)
   libcurl4-openssl-dev nginx-light curl  # remote datasets and their tests (nginx; s3rver: npm_deps.sh)
   clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
 )

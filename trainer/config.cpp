@@ -159,12 +159,17 @@ void describe(Schema& s, ExperimentConfig& c) {
   // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
   const int64_t any = std::numeric_limits<int64_t>::min();
   s.text("data.train", &c.data.train, "prepared dataset directory (from prep), or its http(s):// or s3:// URL");
-  s.structured("data.sources", "a mixture: [{name, path (directory or URL), weight (tokens), max_epochs}] instead of data.train",
+  s.structured("data.sources", "a mixture: [{name, path (directory, URL or raw text), weight (tokens), max_epochs, text, text_field}] instead of data.train",
                [p = &c.data.sources](const YAML::Node& n) { parse_sources(n, p); },
                [p = &c.data.sources] { return print_sources(*p); });
   s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]",
                [p = &c.data.stages](const YAML::Node& n) { parse_stages(n, p); },
                [p = &c.data.stages] { return print_stages(*p); });
+  s.text("data.text", &c.data.text, "raw text in data.train, one document per: line | paragraph | jsonl; empty = prepared");
+  s.text("data.text_field", &c.data.text_field, "raw text: the JSONL field holding the text");
+  s.text("data.tokenizer", &c.data.tokenizer, "raw text: bytes | a sentencepiece .model file");
+  s.number("data.val_fraction", &c.data.val_fraction, "raw text: share of documents in the val split", 0, false, 1, false);
+  s.integer("data.split_seed", &c.data.split_seed, "raw text: seed of the document hash deciding the split", 0);
   s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train (or the first source)");
   s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", data_choices::mode);
   s.integer("data.workers", &c.data.workers, "loader threads building batches", any);

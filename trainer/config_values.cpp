@@ -111,8 +111,10 @@ void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out) {
   const YAML::Node& list = list_of(n);
   for (size_t i = 0; i < list.size(); ++i) {
     SourceConfig s;
-    each_key(i, list[i], {"name", "path", "weight", "max_epochs"}, [&](const std::string& k, const YAML::Node& v) {
+    each_key(i, list[i], {"name", "path", "weight", "max_epochs", "text", "text_field"}, [&](const std::string& k, const YAML::Node& v) {
       if (k == "name") s.name = scalar_of(v);
+      if (k == "text") s.text = scalar_of(v);
+      if (k == "text_field") s.text_field = scalar_of(v);
       if (k == "path") s.path = scalar_of(v);
       if (k == "weight") s.weight = parse_double(v);
       if (k == "max_epochs") s.max_epochs = parse_int(v);
@@ -142,7 +144,8 @@ std::string print_sources(const std::vector<SourceConfig>& v) {
   std::string out;
   for (const auto& s : v)
     out += (out.empty() ? "" : ", ") + std::string("{name: ") + quote(s.name) + ", path: " + quote(s.path) +
-           ", weight: " + fmt_double(s.weight) + ", max_epochs: " + std::to_string(s.max_epochs) + "}";
+           ", weight: " + fmt_double(s.weight) + ", max_epochs: " + std::to_string(s.max_epochs) +
+           (s.text.empty() ? "" : ", text: " + quote(s.text) + ", text_field: " + quote(s.text_field)) + "}";
   return "[" + out + "]";
 }
 

@@ -142,18 +142,27 @@ uint64_t Manifest::split_tokens(const std::string& name) const {
   return n;
 }
 
-std::unique_ptr<ShardReader> Manifest::open_shard(const ShardInfo& s) const {
+std::unique_ptr<ShardReader> ShardSource::open(const ShardInfo& s) {
   std::shared_ptr<const void> hold;
-  auto r = std::make_unique<ShardReader>(source ? source->fetch(s, &hold) : dir + "/" + s.file);
+  auto r = std::make_unique<ShardReader>(fetch(s, &hold));
   r->hold(std::move(hold));
+  return r;
+}
+
+void ShardSource::verify(const ShardInfo& s) {
+  std::shared_ptr<const void> hold;
+  fetch(s, &hold);
+}
+
+std::unique_ptr<ShardReader> Manifest::open_shard(const ShardInfo& s) const {
+  auto r = source ? source->open(s) : std::make_unique<ShardReader>(dir + "/" + s.file);
   if (r->num_docs() != s.docs || r->num_tokens() != s.tokens || (r->dtype() == TokenDtype::kU16) != (dtype == "uint16"))
     throw DataError(r->path() + ": does not match its entry in manifest.json (docs, tokens or dtype)");
   return r;
 }
 
 void Manifest::verify_shard(const ShardInfo& s) const {
-  std::shared_ptr<const void> hold;
-  if (source) source->fetch(s, &hold);  // checked there, before it is used
+  if (source) source->verify(s);  // checked there, before it is used
   else check_xxh64(dir + "/" + s.file, s.xxh64);
 }
 

@@ -28,11 +28,18 @@ struct TokenizerInfo {
   std::string hash;        // xxh64 hex of the tokenizer (model file bytes, or its kind for bytes)
 };
 
-// Where shard bytes come from when the dataset is not a local directory (data/remote/store.h): a
-// local file with the shard's exact bytes, fetched and checked against the manifest on demand.
+// Where shards come from when the dataset is not a local directory: a remote store
+// (data/remote/store.h) gives a local file with the shard's exact bytes, fetched and checked against
+// the manifest on demand; raw text (data/text/text_source.h) builds the shard in memory.
 class ShardSource {
  public:
   virtual ~ShardSource() = default;
+  // Shard s, checked (the default: fetch() then the file's reader, holding the file).
+  virtual std::unique_ptr<ShardReader> open(const ShardInfo& s);
+  // Checks s's bytes against s.xxh64 (the default: fetch(), which checks them).
+  virtual void verify(const ShardInfo& s);
+  // "http", "s3" or "text" (meta.json's data.sources[].kind).
+  virtual std::string kind() const = 0;
   // A local file holding exactly s's bytes (xxh64 checked against s.xxh64), kept on disk while
   // *hold lives. Blocks until it is there; throws DataError (bad data) or RemoteError (a fault
   // longer than data.remote_timeout_s), both naming the URL.

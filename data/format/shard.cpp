@@ -83,6 +83,20 @@ uint64_t ShardWriter::finish() {
   return xxh64_file(path_);
 }
 
+std::shared_ptr<const MemoryShard> ShardWriter::finish_in_memory() {
+  if (finished_) throw Error(path_ + ": finish called twice");
+  auto m = std::make_shared<MemoryShard>();
+  m->dtype = dtype_;
+  m->offsets = std::move(offsets_);
+  m->tokens = std::move(tokens_);
+  finished_ = true;
+  return m;
+}
+
+ShardReader::ShardReader(std::string name, std::shared_ptr<const MemoryShard> shard)
+    : hold_(shard), path_(std::move(name)), dtype_(shard->dtype), num_docs_(shard->offsets.size() - 1),
+      num_tokens_(shard->offsets.back()), index_(shard->offsets.data()), tokens_(shard->tokens.data()) {}
+
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw DataError(path + ": cannot open shard (" + std::strerror(errno) + ")");
@@ -123,7 +137,9 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     if (index_[i] > index_[i + 1]) fail(strf("corrupt document index at document %llu", static_cast<unsigned long long>(i)));
 }
 
-ShardReader::~ShardReader() { ::munmap(const_cast<uint8_t*>(base_), size_); }
+ShardReader::~ShardReader() {
+  if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+}
 
 uint64_t ShardReader::doc_offset(uint64_t i) const {
   if (i > num_docs_)

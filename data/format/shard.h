@@ -18,6 +18,14 @@ enum class TokenDtype : uint32_t { kU16 = 2, kU32 = 4 };  // value = bytes per t
 // The smallest dtype that holds ids < vocab_size.
 TokenDtype dtype_for_vocab(uint64_t vocab_size);
 
+// A shard built in memory (a raw-text chunk the loader tokenized, data/text/): the index and the
+// packed tokens a file would hold.
+struct MemoryShard {
+  TokenDtype dtype = TokenDtype::kU16;
+  std::vector<uint64_t> offsets{0};  // num_docs + 1
+  std::vector<uint8_t> tokens;       // packed little-endian ids
+};
+
 // Writes one shard atomically (temp name, fsync, rename on finish()). Not thread-safe.
 class ShardWriter {
  public:
@@ -32,6 +40,8 @@ class ShardWriter {
   uint64_t num_tokens() const { return offsets_.back(); }
   // Writes header + index + tokens; returns the file's xxh64.
   uint64_t finish();
+  // The shard in memory instead of a file (`path` only names it in messages).
+  std::shared_ptr<const MemoryShard> finish_in_memory();
 
  private:
   std::string path_;
@@ -46,6 +56,8 @@ class ShardWriter {
 class ShardReader {
  public:
   explicit ShardReader(const std::string& path);
+  // A view of a shard in memory, kept alive by the reader; `name` stands for the path in messages.
+  ShardReader(std::string name, std::shared_ptr<const MemoryShard> shard);
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;

@@ -20,6 +20,8 @@ struct SourceConfig {
   std::string path;        // a `prep` output directory
   double weight = 1;       // > 0; relative share of the TOKENS (normalised over the sources)
   int64_t max_epochs = 0;  // > 0: the source drops out after this many epochs; 0 = no cap
+  std::string text;        // raw text (data/text/): one document per line | paragraph | jsonl record; "" = prepared
+  std::string text_field = "text";  // jsonl: the field holding the text
 };
 
 // One stage of the mixture (data.stages): its weights apply from the previous stage's end until
@@ -36,6 +38,14 @@ struct DataConfig {
   std::vector<SourceConfig> sources;  // a mixture; empty = the one source `train`
   std::vector<StageConfig> stages;    // mixture stages; empty = the sources' weights throughout
   std::string val;    // directory (or URL) for validation; empty = the `val` split of `train`
+
+  // Raw text sources (data/text/text_source.h): `train` (or a source's path) is text files that the
+  // loader tokenizes, with prep's documents, tokens and split.
+  std::string text;                  // one document per: line | paragraph | jsonl record; "" = `train` is prepared
+  std::string text_field = "text";   // jsonl: the field holding the text
+  std::string tokenizer = "bytes";   // raw text: bytes | a sentencepiece .model (e.g. a prep output's tokenizer.model)
+  double val_fraction = 0.01;        // raw text: share of documents in the val split (as prep --val-fraction)
+  int64_t split_seed = 0;            // raw text: seed of the split hash (as prep --split-seed), >= 0
 
   // The streaming loader (data/loader/loader.h).
   std::string mode = "packed";       // packed: EOS-joined windows of seq_len+1 | bucketed: one document per sample
@@ -61,6 +71,7 @@ namespace data_choices {
 inline const std::vector<std::string> mode = {"packed", "bucketed"};
 inline const std::vector<std::string> long_docs = {"truncate", "split"};
 inline const std::vector<std::string> verify = {"lazy", "full"};
+inline const std::vector<std::string> text = {"", "line", "paragraph", "jsonl"};
 }  // namespace data_choices
 
 // The data.sources and data.stages rules (part of validate() below).
@@ -79,6 +90,9 @@ inline void validate_mixture(const DataConfig& c) {
     if (!(s.weight > 0)) fail("sources", who + ": weight must be > 0, got " + std::to_string(s.weight));
     if (s.max_epochs < 0) fail("sources", who + ": max_epochs must be >= 0, got " + std::to_string(s.max_epochs));
   }
+  for (const auto& s : c.sources)
+    if (std::find(data_choices::text.begin(), data_choices::text.end(), s.text) == data_choices::text.end())
+      fail("sources", "source '" + s.name + "': text must be line, paragraph or jsonl, got '" + s.text + "'");
   if (!c.stages.empty() && c.sources.empty()) fail("stages", "stages need data.sources");
   if (!c.stages.empty() && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
   if (c.sources.size() > 1 && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
@@ -130,7 +144,14 @@ inline void validate(const DataConfig& c, int64_t seq_len) {
   range("pad_multiple", c.pad_multiple, 1, int64_t{1} << 20);
   range("token_budget", c.token_budget, 0, -1);
   choice("verify", c.verify, data_choices::verify);
+  choice("text", c.text, data_choices::text);
   validate_mixture(c);
+  const bool raw = !c.text.empty() || std::any_of(c.sources.begin(), c.sources.end(), [](const SourceConfig& s) { return !s.text.empty(); });
+  if (!c.text.empty() && !c.sources.empty()) fail("text", "with data.sources, set text on each source instead");
+  if (raw && c.mode == "bucketed") fail("mode", "bucketed is not supported with raw text sources yet (use packed)");
+  if (raw && c.tokenizer.empty()) fail("tokenizer", "must name bytes or a sentencepiece .model for raw text");
+  if (!(c.val_fraction >= 0 && c.val_fraction <= 1)) fail("val_fraction", "must be in [0, 1], got " + std::to_string(c.val_fraction));
+  range("split_seed", c.split_seed, 0, -1);
   if (!(c.cache_limit_mb > 0)) fail("cache_limit_mb", "must be > 0, got " + std::to_string(c.cache_limit_mb));
   range("remote_ahead", c.remote_ahead, 0, 1024);
   if (!(c.remote_timeout_s > 0)) fail("remote_timeout_s", "must be > 0, got " + std::to_string(c.remote_timeout_s));

@@ -11,6 +11,7 @@
 #include "data/loader/state.h"
 #include "data/loader/workers.h"
 #include "data/remote/store.h"
+#include "data/text/text_source.h"
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -123,11 +124,26 @@ void Loader::load_state(const LoaderState& s, bool force) {
 
 // ---- sources -----------------------------------------------------------------------------------
 
+namespace {
+
+// A prepared dataset (local or remote), or raw text when `text` names how it holds documents.
+Manifest open_source(const DataConfig& cfg, const std::string& path, const std::string& text, const std::string& field,
+                     const std::string& key) {
+  if (text.empty()) return open_dataset(path, key, remote_options(cfg));
+  TextSourceOptions o;
+  o.text.docs = text, o.text.text_field = field;
+  o.text.val_fraction = cfg.val_fraction, o.text.split_seed = static_cast<uint64_t>(cfg.split_seed);
+  o.tokenizer = cfg.tokenizer, o.cache_dir = cfg.cache_dir;
+  return open_text_dataset(path, key, o);
+}
+
+}  // namespace
+
 std::vector<Manifest> open_sources(const DataConfig& cfg) {
-  if (cfg.sources.empty()) return {open_dataset(cfg.train, "data.train", remote_options(cfg))};
+  if (cfg.sources.empty()) return {open_source(cfg, cfg.train, cfg.text, cfg.text_field, "data.train")};
   std::vector<Manifest> out;
   for (const auto& s : cfg.sources) {
-    out.push_back(open_dataset(s.path, "data.sources." + s.name + ".path", remote_options(cfg)));
+    out.push_back(open_source(cfg, s.path, s.text, s.text_field, "data.sources." + s.name + ".path"));
     const auto& a = out.front().tokenizer;
     const auto& b = out.back().tokenizer;
     if (a.hash != b.hash)

@@ -25,13 +25,14 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "data/format/shard.h"
+#include "data/text/documents.h"
+#include "data/text/text_index.h"
 #include "data/tokenizer/tokenizer.h"
 #include "common/errors.h"
 #include "common/checksum.h"
 #include "common/files.h"
+#include "common/parallel.h"
 #include "common/log.h"
 
 namespace lm::data {
@@ -71,15 +72,7 @@ std::vector<Source> expand_inputs(const std::vector<std::string>& inputs) {
     if (stdfs::is_regular_file(st)) {
       out.push_back({in, nullptr});
     } else if (stdfs::is_directory(st)) {
-      std::vector<std::string> files;
-      try {
-        for (const auto& e : stdfs::recursive_directory_iterator(in))
-          if (e.is_regular_file()) files.push_back(e.path().string());
-      } catch (const stdfs::filesystem_error& e) {
-        throw DataError(in + ": cannot list directory (" + e.code().message() + ")");
-      }
-      std::sort(files.begin(), files.end());
-      for (auto& f : files) out.push_back({f, nullptr});
+      for (auto& f : list_text_files(in)) out.push_back({f, nullptr});
     } else {  // a pipe or device: it can be read only once
       std::ifstream f(in, std::ios::binary);
       if (!f) throw DataError(in + ": cannot open (" + std::strerror(errno) + ")");
@@ -89,9 +82,7 @@ std::vector<Source> expand_inputs(const std::vector<std::string>& inputs) {
   return out;
 }
 
-bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
-
-// Yields the documents of all sources, in order, one pass.
+// Yields the documents of all sources, in order, one pass (cut by data/text/documents.h's rules).
 class DocReader {
  public:
   DocReader(const std::vector<Source>& sources, const PrepOptions& opt) : sources_(sources), opt_(opt) {}
@@ -99,25 +90,19 @@ class DocReader {
   // The next non-blank document; false at the end. Throws DataError naming FILE[:LINE].
   bool next(std::string& doc) {
     std::string line;
+    TextDoc d;
     for (;;) {
       if (!in_ && !open_next()) return false;
       if (!std::getline(*in_, line)) {
-        if (in_->bad()) throw DataError(name() + ": read failed");
+        if (in_->bad()) throw DataError(sources_[src_ - 1].name + ": read failed");
         in_.reset();
-        if (!para_.empty()) return take_paragraph(doc);
-        continue;
+        if (!split_->finish(&d)) continue;
+      } else {
+        bytes_ += line.size() + 1;
+        if (!split_->line(line, 0, 0, &d)) continue;
       }
-      ++line_no_;
-      bytes_ += line.size() + 1;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      const bool blank = is_blank(line);
-      if (opt_.docs == "paragraph") {
-        if (!blank) para_ += (para_.empty() ? "" : "\n") + line;
-        else if (!para_.empty()) return take_paragraph(doc);
-      } else if (!blank) {
-        doc = opt_.docs == "jsonl" ? jsonl_text(line) : std::move(line);
-        if (!is_blank(doc)) return true;
-      }
+      doc = std::move(d.text);
+      return true;
     }
   }
   uint64_t bytes() const { return bytes_; }
@@ -128,41 +113,23 @@ class DocReader {
     const Source& s = sources_[src_++];
     if (s.text) {
       in_ = std::make_unique<std::istringstream>(*s.text);
+    } else if (is_zstd(s.name)) {
+      in_ = std::make_unique<std::istringstream>(read_text_file(s.name));
     } else {
       auto f = std::make_unique<std::ifstream>(s.name, std::ios::binary);
       if (!*f) throw DataError(s.name + ": cannot open (" + std::strerror(errno) + ")");
       in_ = std::move(f);
     }
-    line_no_ = 0;
+    split_ = std::make_unique<DocSplitter>(opt_.docs, opt_.text_field, s.name);
     return true;
-  }
-  const std::string& name() const { return sources_[src_ - 1].name; }
-  bool take_paragraph(std::string& doc) {
-    doc = std::move(para_);
-    para_.clear();
-    return true;
-  }
-  std::string jsonl_text(const std::string& line) const {
-    const std::string where = name() + ":" + std::to_string(line_no_);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {  // also out_of_range: 1e999 (found by tests/fuzz)
-      throw DataError(where + ": invalid JSON (" + e.what() + ")");
-    }
-    if (!j.is_object()) throw DataError(where + ": JSONL record is not an object");
-    auto it = j.find(opt_.text_field);
-    if (it == j.end()) throw DataError(where + ": record has no \"" + opt_.text_field + "\" field (--text-field)");
-    if (!it->is_string()) throw DataError(where + ": field \"" + opt_.text_field + "\" is not a string");
-    return it->get<std::string>();
   }
 
   const std::vector<Source>& sources_;
   const PrepOptions& opt_;
   size_t src_ = 0;
   std::unique_ptr<std::istream> in_;
-  uint64_t line_no_ = 0, bytes_ = 0;
-  std::string para_;
+  std::unique_ptr<DocSplitter> split_;
+  uint64_t bytes_ = 0;
 };
 
 // A tokenizer work item: documents in, their tokens and splits out.
@@ -171,26 +138,6 @@ struct DocBatch {
   std::vector<std::vector<uint32_t>> tokens;
   std::vector<char> val;
 };
-
-// Runs work(i) for i < n on up to `threads` threads; rethrows the first exception.
-void parallel_for(size_t n, int threads, const std::function<void(size_t)>& work) {
-  std::atomic<size_t> next{0};
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-  auto loop = [&](size_t t) {
-    try {
-      for (size_t i; (i = next++) < n;) work(i);
-    } catch (...) {
-      errors[t] = std::current_exception();
-      next = n;
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(n, static_cast<size_t>(threads)); ++t) pool.emplace_back(loop, t);
-  loop(0);
-  for (auto& th : pool) th.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 // The shards of one split: "SPLIT_NNNNNN.bin", each closed before it would exceed shard_tokens.
 class SplitWriter {
@@ -431,10 +378,6 @@ void log_summary(const PrepOptions& opt, const Manifest& m, const SplitWriter& t
 
 }  // namespace
 
-bool is_val_document(const std::string& text, uint64_t seed, double val_fraction) {
-  return static_cast<double>(xxh64(text.data(), text.size(), seed) >> 11) * 0x1.0p-53 < val_fraction;
-}
-
 Manifest run_prep(const PrepOptions& opt) {
   validate(opt);
   const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -467,6 +410,31 @@ Manifest run_prep(const PrepOptions& opt) {
   progress.update(n.docs, n.tokens, n.bytes, true);
   if (!opt.quiet) log_summary(opt, m, train, val, seconds_since(t0));
   return m;
+}
+
+std::vector<std::string> run_index(const PrepOptions& opt) {
+  if (opt.inputs.empty()) throw UsageError("no INPUT given");
+  if (opt.docs != "line" && opt.docs != "paragraph" && opt.docs != "jsonl")
+    throw UsageError("--docs: '" + opt.docs + "' is not one of: line, paragraph, jsonl");
+  if (opt.tokenizer == "sentencepiece" && opt.sp_model.empty())
+    throw UsageError("prep index --tokenizer sentencepiece needs --sp-model FILE (the model the loader will use)");
+  if (!(opt.val_fraction >= 0 && opt.val_fraction <= 1)) throw UsageError("--val-fraction: must be in [0, 1]");
+  const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto tok = opt.sp_model.empty() ? make_bytes_tokenizer() : load_sentencepiece(opt.sp_model);
+  TextOptions t;
+  t.docs = opt.docs, t.text_field = opt.text_field, t.val_fraction = opt.val_fraction, t.split_seed = opt.split_seed;
+  std::vector<std::string> done;
+  for (const auto& in : opt.inputs)
+    for (const auto& file : list_text_files(in)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const TextIndex ix = TextIndex::build(file, t, *tok, threads);
+      ix.save(file + ".lmidx");
+      if (!opt.quiet)
+        log::info(strf("prep index: %s.lmidx: %zu documents, %zu chunks, %.1f s", file.c_str(), ix.docs.size(),
+                       ix.chunks.size(), seconds_since(t0)));
+      done.push_back(file);
+    }
+  return done;
 }
 
 }  // namespace lm::data

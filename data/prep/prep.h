@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/format/manifest.h"
+#include "data/text/documents.h"  // is_val_document(), the documents prep reads
 
 namespace lm::data {
 
@@ -36,7 +37,10 @@ struct PrepOptions {
 // other non-regular inputs are read into memory once.
 Manifest run_prep(const PrepOptions& opt);
 
-// The split of a document: "val" iff xxh64(text, seed) / 2^64 < val_fraction (53-bit precision).
-bool is_val_document(const std::string& text, uint64_t seed, double val_fraction);
+// `prep index`: for each text file of opt.inputs (files or directories), the index the loader needs
+// to read it as raw text (data/text/text_index.h), written next to it as FILE.lmidx. Uses inputs,
+// docs, text_field, tokenizer (bytes, or sentencepiece with sp_model), val_fraction, split_seed and
+// threads. Returns the files indexed.
+std::vector<std::string> run_index(const PrepOptions& opt);
 
 }  // namespace lm::data

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "data/prep/prep.h"
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   return lm::run_main("prep", [&] {
     lm::data::PrepOptions o;
     o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const bool index = argc > 1 && std::string(argv[1]) == "index";  // prep index FILE...: raw text indexes
+    if (index) --argc, ++argv;
     // Digits only: CLI11 would wrap "-1" around into a huge unsigned value.
     const CLI::Validator unsigned_number(
         [](std::string& s) {
@@ -21,8 +24,9 @@ int main(int argc, char** argv) {
                      : "expected an integer >= 0, got '" + s + "'";
         },
         "UINT");
-    CLI::App app{"prep: text files to token shards (train/val), tokenizer model and manifest.json.\n"
-                 "Shard and manifest formats: data/FORMAT.md."};
+    CLI::App app{index ? "prep index: the FILE.lmidx index the loader uses to read raw text (data.text)."
+                       : "prep: text files to token shards (train/val), tokenizer model and manifest.json.\n"
+                         "Shard and manifest formats: data/FORMAT.md. `prep index FILE...` indexes raw text instead."};
     app.add_option("INPUT", o.inputs, "Files, directories (recursive, files in path order), or - for stdin; required");
     app.add_option("-o,--out", o.out, "Output directory, replaced only when prep succeeds; required");
     app.add_option("--docs", o.docs, "One document per: line | paragraph (blank-line separated) | jsonl record")
@@ -49,7 +53,8 @@ int main(int argc, char** argv) {
       if (e.get_exit_code() == 0) return app.exit(e);  // --help
       throw lm::UsageError(e.what());
     }
-    lm::data::run_prep(o);
+    if (index) lm::data::run_index(o);
+    else lm::data::run_prep(o);
     return 0;
   });
 }

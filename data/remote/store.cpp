@@ -46,6 +46,7 @@ class RemoteStore : public ShardSource {
   }
 
   std::string location() const override { return http_.where().location; }
+  std::string kind() const override { return http_.where().s3 ? "s3" : "http"; }
 
   void reserve(size_t shards, const std::string& why) override {
     const uint64_t need = shards * max_shard_;

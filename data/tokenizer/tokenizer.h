@@ -48,6 +48,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const Manifest& m);
 // the dynamic linker mixes the two and the process crashes at start-up. So torch binaries never
 // link libsentencepiece; this loads it from build/bin/lm_tokenizer.so (next to the executable)
 // with dlopen(RTLD_LOCAL | RTLD_DEEPBIND). Throws DataError like load_tokenizer().
-std::unique_ptr<Tokenizer> load_tokenizer_isolated(const std::string& dataset_dir);
+// `what`: a prepared dataset directory, "bytes", or a sentencepiece .model file (raw text sources).
+std::unique_ptr<Tokenizer> load_tokenizer_isolated(const std::string& what);
 
 }  // namespace lm::data

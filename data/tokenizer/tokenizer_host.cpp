@@ -10,7 +10,7 @@
 
 namespace lm::data {
 
-std::unique_ptr<Tokenizer> load_tokenizer_isolated(const std::string& dataset_dir) {
+std::unique_ptr<Tokenizer> load_tokenizer_isolated(const std::string& what) {
   char exe[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error("cannot locate the running executable (/proc/self/exe)");
@@ -24,7 +24,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_isolated(const std::string& dataset_di
   auto load = reinterpret_cast<LoadFn>(::dlsym(handle, "lm_tokenizer_load"));
   if (!load) throw Error(plugin + ": no lm_tokenizer_load entry point");
   char err[1024] = {0};
-  Tokenizer* t = load(dataset_dir.c_str(), err, sizeof err);
+  Tokenizer* t = load(what.c_str(), err, sizeof err);
   if (!t) throw DataError(err);
   return std::unique_ptr<Tokenizer>(t);
 }

@@ -146,7 +146,7 @@ nlohmann::json describe_run(const RunFacts& f) {
   nlohmann::json where = nlohmann::json::array();  // where each source lives and which data it held
   for (const auto& s : f.sources)
     where.push_back({{"location", s.dir},
-                     {"kind", !s.source ? "local" : s.dir.rfind("s3://", 0) == 0 ? "s3" : "http"},
+                     {"kind", s.source ? s.source->kind() : "local"},
                      {"data_version", s.data_version}});
   return {{"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}},
           {"command", f.command},

@@ -1,0 +1,229 @@
+// Raw text as a dataset: chunks tokenized on demand and ahead, kept in memory (see text_source.h).
+#include "data/text/text_source.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/checksum.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "data/format/shard.h"
+#include "data/tokenizer/tokenizer.h"
+
+namespace lm::data {
+namespace {
+
+struct ChunkRef {
+  std::shared_ptr<const TextIndex> index;
+  size_t chunk = 0;
+};
+
+class TextSource : public ShardSource {
+ public:
+  TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok,
+             std::map<std::string, ChunkRef> chunks)
+      : location_(std::move(location)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
+        dtype_(dtype_for_vocab(tok_->info().vocab_size)), thread_([this] { run_ahead(); }) {}
+
+  ~TextSource() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::string location() const override { return location_; }
+  std::string kind() const override { return "text"; }
+  std::string fetch(const ShardInfo& s, std::shared_ptr<const void>*) override {
+    throw Error(s.file + ": a raw text chunk has no shard file");
+  }
+  void verify(const ShardInfo&) override {}  // open() checks every chunk it tokenizes
+  void reserve(size_t shards, const std::string&) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    capacity_ = std::max<size_t>(shards + 1, 2);
+  }
+  void ahead(const std::vector<ShardInfo>& next) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<std::string> names;
+    for (const auto& s : next) names.push_back(s.file);
+    if (names == ahead_) return;
+    ahead_ = std::move(names);
+    ++generation_;
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<ShardReader> open(const ShardInfo& s) override {
+    return std::make_unique<ShardReader>(s.file, get(s.file, /*wait=*/true));
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const MemoryShard> shard;  // null while being built
+    uint64_t used = 0;
+  };
+
+  // The chunk tokenized: by this thread, or by the one already at it. wait=false (the thread
+  // ahead): null when another thread builds it.
+  std::shared_ptr<const MemoryShard> get(const std::string& name, bool wait) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      auto it = cache_.find(name);
+      if (it == cache_.end()) break;
+      if (it->second.shard) {
+        it->second.used = ++clock_;
+        return it->second.shard;
+      }
+      if (!wait) return nullptr;
+      cv_.wait(lk);
+    }
+    cache_[name].used = ++clock_;  // null: being built
+    lk.unlock();
+    std::shared_ptr<const MemoryShard> shard;
+    try {
+      shard = build(name);
+    } catch (...) {
+      lk.lock();
+      cache_.erase(name);
+      cv_.notify_all();
+      throw;
+    }
+    lk.lock();
+    cache_[name].shard = shard;
+    evict();
+    cv_.notify_all();
+    return shard;
+  }
+
+  // Drops the least recently used chunks beyond the capacity, those not wanted ahead first.
+  void evict() {
+    const std::set<std::string> wanted(ahead_.begin(), ahead_.end());
+    while (cache_.size() > capacity_) {
+      auto victim = cache_.end();
+      for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+        if (!it->second.shard) continue;
+        const bool a = wanted.count(it->first) > 0;
+        if (victim == cache_.end() || std::make_pair(a, it->second.used) < std::make_pair(wanted.count(victim->first) > 0, victim->second.used))
+          victim = it;
+      }
+      if (victim == cache_.end()) return;
+      cache_.erase(victim);
+    }
+  }
+
+  // Reads the chunk's documents again, checks them against the index and tokenizes them.
+  std::shared_ptr<const MemoryShard> build(const std::string& name) const {
+    const ChunkRef& ref = chunks_.at(name);
+    const TextIndex& ix = *ref.index;
+    const TextChunk& c = ix.chunks[ref.chunk];
+    ShardWriter w(name, dtype_);
+    std::vector<uint64_t> hashes;
+    std::vector<uint32_t> ids;
+    DocSplitter split(opt_.docs, opt_.text_field, ix.path);
+    TextDoc d;
+    auto add = [&] {
+      if (is_val_document(d.text, opt_.split_seed, opt_.val_fraction) != c.val) return;
+      ids = tok_->encode(d.text);
+      w.add_document(ids.data(), ids.size());
+      hashes.push_back(doc_text_hash(d.text));
+    };
+    for_each_line(ix.path, ix.docs[c.first_doc].begin, ix.docs[c.last_doc].end, ix.frames,
+                  [&](std::string_view line, uint64_t at, uint64_t end) {
+                    if (split.line(line, at, end, &d)) add();
+                  });
+    if (split.finish(&d)) add();
+    if (w.num_docs() != c.docs || w.num_tokens() != c.tokens || xxh64(hashes.data(), hashes.size() * 8) != c.xxh64)
+      throw DataError(strf("%s: the documents in bytes [%llu, %llu) differ from its index (%s): the file changed "
+                           "without changing its size and time; delete the index to rebuild it", ix.path.c_str(),
+                           static_cast<unsigned long long>(ix.docs[c.first_doc].begin),
+                           static_cast<unsigned long long>(ix.docs[c.last_doc].end), name.c_str()));
+    return w.finish_in_memory();
+  }
+
+  // The thread ahead: tokenizes the chunks of the latest ahead() list, in order, while they fit.
+  void run_ahead() {
+    std::unique_lock<std::mutex> lk(mu_);
+    uint64_t done = 0;
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || generation_ != done; });
+      if (stop_) return;
+      done = generation_;
+      const std::vector<std::string> list = ahead_;
+      const size_t room = capacity_;
+      lk.unlock();
+      for (size_t i = 0; i < list.size() && i + 1 < room; ++i) {
+        if (stopping() || generation() != done) break;
+        try {
+          get(list[i], /*wait=*/false);
+        } catch (const std::exception& e) {  // the reader that needs it meets the same error
+          log::warn(std::string("text source: tokenizing ahead: ") + e.what());
+          break;
+        }
+      }
+      lk.lock();
+    }
+  }
+  bool stopping() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stop_;
+  }
+  uint64_t generation() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return generation_;
+  }
+
+  std::string location_;
+  TextOptions opt_;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::map<std::string, ChunkRef> chunks_;
+  TokenDtype dtype_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Entry> cache_;
+  uint64_t clock_ = 0, generation_ = 0;
+  size_t capacity_ = 4;
+  std::vector<std::string> ahead_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started when everything above exists
+};
+
+}  // namespace
+
+Manifest open_text_dataset(const std::string& location, const std::string& key, const TextSourceOptions& o) {
+  if (o.text.docs != "line" && o.text.docs != "paragraph" && o.text.docs != "jsonl")
+    throw ConfigError("key '" + key + "': raw text needs docs line, paragraph or jsonl, got '" + o.text.docs + "'");
+  std::shared_ptr<const Tokenizer> tok = load_tokenizer_isolated(o.tokenizer);
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Manifest m;
+  m.dir = location;
+  m.tokenizer = tok->info();
+  m.dtype = dtype_for_vocab(m.tokenizer.vocab_size) == TokenDtype::kU16 ? "uint16" : "uint32";
+  std::map<std::string, ChunkRef> chunks;
+  std::vector<ShardInfo> val;
+  for (const auto& file : list_text_files(location)) {
+    auto ix = std::make_shared<const TextIndex>(text_index(file, o.text, *tok, o.cache_dir, threads));
+    size_t k[2] = {0, 0};
+    for (size_t i = 0; i < ix->chunks.size(); ++i) {
+      const TextChunk& c = ix->chunks[i];
+      ShardInfo s;
+      s.split = c.val ? "val" : "train";
+      s.file = file + "#" + s.split + std::to_string(k[c.val]++);
+      s.tokens = c.tokens, s.docs = c.docs, s.xxh64 = hex64(c.xxh64);
+      (c.val ? val : m.shards).push_back(s);
+      chunks[s.file] = {ix, i};
+    }
+  }
+  m.shards.insert(m.shards.end(), val.begin(), val.end());
+  if (m.split_tokens("train") == 0) throw DataError(location + ": no documents in the train split");
+  m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
+  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks));
+  return m;
+}
+
+}  // namespace lm::data

@@ -1,0 +1,91 @@
+// The trainer on raw text (data.text): the same batches as from prep's shards of the same file, an
+// exact resume after SIGKILL at a point the test does not choose, and the source recorded in
+// meta.json.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+
+#include "testutil.h"
+#include "trainer/run_dir.h"
+
+namespace lm {
+namespace {
+
+using test::TempDir;
+using Hashes = std::map<int64_t, std::string>;  // step -> batch_hash
+
+class TextTrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937 rng(11);
+    static const char* words[] = {"and", "the", "LORD", "spake", "unto", "Moses", "saying", "of", "Israel", "children"};
+    std::string text;
+    for (int i = 0; i < 4000; ++i) {
+      text += "Ge" + std::to_string(i) + ":1";
+      for (int w = 0, k = 3 + static_cast<int>(rng() % 20); w < k; ++w) text += std::string(" ") + words[rng() % 10];
+      text += "\n";
+    }
+    test::write_text(tmp_ / "corpus.txt", text);
+  }
+  std::string config(const std::string& name, const std::string& data, int steps) {
+    const std::string p = tmp_ / (name + ".yaml");
+    test::write_text(p, "run: {dir: " + (tmp_ / ("runs/" + name)) + ", seed: 3}\n"
+                        "data: {" + data + ", shuffle_buffer: 64, cache_dir: " + (tmp_ / "cache") + "}\n"
+                        "model: {n_layer: 1, n_head: 2, d_model: 32, seq_len: 32}\n"
+                        "optim: {lr: 3.0e-3}\nschedule: {warmup_steps: 2}\n"
+                        "train: {max_steps: " + std::to_string(steps) + ", micro_batch_size: 8}\n"
+                        "checkpoint: {every_steps: 5}\nlog: {every_steps: 1}\neval: {batches: 2, every_steps: 0}\n");
+    return p;
+  }
+  Hashes batch_hashes(const std::string& name) {
+    Hashes h;
+    for (const auto& line : test::metrics_of_kind(run_dir::metrics(tmp_ / ("runs/" + name)), "train")) {
+      auto j = nlohmann::json::parse(line);
+      h[j.at("step").get<int64_t>()] = j.at("batch_hash").get<std::string>();
+    }
+    return h;
+  }
+  TempDir tmp_;
+};
+
+// Unshuffled, raw text and prep's shards of the same file give the same batches step by step.
+TEST_F(TextTrainTest, RawTextTrainsOnPrepsBatches) {
+  auto p = test::run_bin("prep", {tmp_ / "corpus.txt", "--out", tmp_ / "shards", "--quiet"});
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  auto a = test::run_bin("trainer", {config("shards", "train: " + (tmp_ / "shards") + ", shuffle: false", 40)});
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  auto b = test::run_bin("trainer", {config("raw", "train: " + (tmp_ / "corpus.txt") + ", text: line, shuffle: false", 40)});
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(batch_hashes("raw").size(), 40u);
+  EXPECT_EQ(batch_hashes("raw"), batch_hashes("shards"));
+  const auto meta = nlohmann::json::parse(test::read_text(run_dir::meta(tmp_ / "runs/raw")));
+  EXPECT_EQ(meta.at("data").at("sources").at(0).at("kind"), "text") << meta.dump();
+  EXPECT_EQ(meta.at("data").at("sources").at(0).at("location"), tmp_ / "corpus.txt");
+}
+
+// SIGKILL once a checkpoint exists, then the same command again: it resumes, and every step's
+// batch equals the uninterrupted run's.
+TEST_F(TextTrainTest, KilledRunResumesWithTheSameBatches) {
+  const std::string data = "train: " + (tmp_ / "corpus.txt") + ", text: line";
+  const int steps = 120;
+  auto straight = test::run_bin("trainer", {config("straight", data, steps)});
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const std::string cfg = config("cut", data, steps);
+  auto proc = test::spawn_bin(test::bin_path("trainer"), {cfg}, tmp_ / "cut.log");
+  const std::string ckpt = run_dir::checkpoint(tmp_ / "runs/cut", 15);
+  ASSERT_TRUE(test::wait_until(proc, [&] { return std::filesystem::exists(ckpt); }, 120)) << test::read_text(tmp_ / "cut.log");
+  test::kill_proc(proc, SIGKILL);
+  test::wait_proc(proc, 30);
+  auto rerun = test::run_bin("trainer", {cfg});
+  ASSERT_EQ(rerun.exit_code, 0) << rerun.out;
+  EXPECT_NE(rerun.out.find("resumed from"), std::string::npos) << rerun.out;
+  EXPECT_EQ(batch_hashes("cut"), batch_hashes("straight"));
+}
+
+}  // namespace
+}  // namespace lm
