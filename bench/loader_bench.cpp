@@ -132,7 +132,9 @@ int main(int argc, char** argv) {
     bool memcpy = false;
     lm::DataConfig cfg;
     app.add_option("--data", data, "prepared dataset directory, or its http(s):// or s3:// URL");
-    app.add_option("--cache-dir", cfg.cache_dir, "remote --data: the shard cache");
+    app.add_option("--text", cfg.text, "--data is raw text, one document per: line | paragraph | jsonl");
+    app.add_option("--tokenizer", cfg.tokenizer, "--text: bytes | a sentencepiece .model");
+    app.add_option("--cache-dir", cfg.cache_dir, "remote --data: the shard cache (--text: the index cache)");
     app.add_option("--cache-mb", cfg.cache_limit_mb, "remote --data: cache limit (MiB)");
     app.add_option("--remote-ahead", cfg.remote_ahead, "remote --data: shards fetched ahead");
     app.add_option("--mode", mode, "packed | bucketed");

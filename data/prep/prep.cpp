@@ -430,8 +430,14 @@ std::vector<std::string> run_index(const PrepOptions& opt) {
       const TextIndex ix = TextIndex::build(file, t, *tok, threads);
       ix.save(file + ".lmidx");
       if (!opt.quiet)
-        log::info(strf("prep index: %s.lmidx: %zu documents, %zu chunks, %.1f s", file.c_str(), ix.docs.size(),
-                       ix.chunks.size(), seconds_since(t0)));
+      {
+        uint64_t tokens = 0;
+        for (const auto& d : ix.docs) tokens += d.tokens;
+        const double s = seconds_since(t0);
+        log::info(strf("prep index: %s.lmidx: %zu documents, %llu tokens, %zu chunks, %.2f s, %.0f tokens/s on %d "
+                       "threads", file.c_str(), ix.docs.size(), static_cast<unsigned long long>(tokens), ix.chunks.size(),
+                       s, tokens / std::max(s, 1e-9), threads));
+      }
       done.push_back(file);
     }
   return done;
