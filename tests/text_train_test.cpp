@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "remote_servers.h"  // count_in
 #include "testutil.h"
 #include "trainer/run_dir.h"
 
@@ -66,6 +67,30 @@ TEST_F(TextTrainTest, RawTextTrainsOnPrepsBatches) {
   const auto meta = nlohmann::json::parse(test::read_text(run_dir::meta(tmp_ / "runs/raw")));
   EXPECT_EQ(meta.at("data").at("sources").at(0).at("kind"), "text") << meta.dump();
   EXPECT_EQ(meta.at("data").at("sources").at(0).at("location"), tmp_ / "corpus.txt");
+  auto g = test::run_bin("generate", {"--run", tmp_ / "runs/raw", "--prompt", "Ge1", "--tokens", "8"});
+  EXPECT_EQ(g.exit_code, 0) << g.out;  // the tokenizer named by data.tokenizer (bytes)
+}
+
+// A mixture of a prepared dataset and raw text (one tokenizer, data.tokenizer = prep's model);
+// a tokenizer that is not one: exit 2 naming the key.
+TEST_F(TextTrainTest, RawTextMixesWithPreparedSources) {
+  auto p = test::run_bin("prep", {tmp_ / "corpus.txt", "--out", tmp_ / "sp", "--tokenizer", "sentencepiece",
+                                  "--vocab-size", "300", "--quiet"});
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  const std::string sources = "sources: [{name: shards, path: " + (tmp_ / "sp") + ", weight: 1}, {name: raw, path: " +
+                              (tmp_ / "corpus.txt") + ", text: line, weight: 3}], tokenizer: ";
+  auto r = test::run_bin("trainer", {config("mix", sources + (tmp_ / "sp/tokenizer.model"), 30)});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto meta = nlohmann::json::parse(test::read_text(run_dir::meta(tmp_ / "runs/mix")));
+  EXPECT_EQ(meta.at("data").at("sources").at(0).at("kind"), "local") << meta.dump();
+  EXPECT_EQ(meta.at("data").at("sources").at(1).at("kind"), "text") << meta.dump();
+  auto bad = test::run_bin("trainer", {config("bad", sources + "bytes", 30)});  // raw bytes vs prep's BPE
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("share one tokenizer"), std::string::npos) << bad.out;
+  auto missing = test::run_bin("trainer", {config("missing", sources + (tmp_ / "nope.model"), 30)});
+  EXPECT_EQ(missing.exit_code, 2) << missing.out;
+  EXPECT_EQ(test::count_in(missing.out, "error"), 1) << missing.out;
+  EXPECT_NE(missing.out.find("key 'data.tokenizer'"), std::string::npos) << missing.out;
 }
 
 // SIGKILL once a checkpoint exists, then the same command again: it resumes, and every step's

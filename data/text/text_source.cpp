@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "common/checksum.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "data/format/shard.h"
 #include "data/tokenizer/tokenizer.h"
@@ -25,10 +27,13 @@ struct ChunkRef {
 
 class TextSource : public ShardSource {
  public:
+  // `first`: tokenized at once by the thread ahead (the val split's first chunk, which evaluation
+  // reads on the training thread); val chunks, once tokenized, are never evicted.
   TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok,
-             std::map<std::string, ChunkRef> chunks)
+             std::map<std::string, ChunkRef> chunks, std::vector<std::string> first)
       : location_(std::move(location)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
-        dtype_(dtype_for_vocab(tok_->info().vocab_size)), thread_([this] { run_ahead(); }) {}
+        dtype_(dtype_for_vocab(tok_->info().vocab_size)), ahead_(std::move(first)), generation_(1),
+        thread_([this] { run_ahead(); }) {}
 
   ~TextSource() override {
     {
@@ -101,18 +106,25 @@ class TextSource : public ShardSource {
     return shard;
   }
 
-  // Drops the least recently used chunks beyond the capacity, those not wanted ahead first.
+  bool is_val(const std::string& name) const {
+    const ChunkRef& r = chunks_.at(name);
+    return r.index->chunks[r.chunk].val;
+  }
+
+  // Drops the least recently used train chunks beyond the capacity, those not wanted ahead first
+  // (val chunks stay: evaluation reads the same ones every time).
   void evict() {
     const std::set<std::string> wanted(ahead_.begin(), ahead_.end());
-    while (cache_.size() > capacity_) {
+    for (;;) {
+      size_t train = 0;
       auto victim = cache_.end();
+      auto rank = [&](const auto& it) { return std::make_pair(wanted.count(it->first) > 0, it->second.used); };
       for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-        if (!it->second.shard) continue;
-        const bool a = wanted.count(it->first) > 0;
-        if (victim == cache_.end() || std::make_pair(a, it->second.used) < std::make_pair(wanted.count(victim->first) > 0, victim->second.used))
-          victim = it;
+        if (is_val(it->first)) continue;
+        ++train;
+        if (it->second.shard && (victim == cache_.end() || rank(it) < rank(victim))) victim = it;
       }
-      if (victim == cache_.end()) return;
+      if (train <= capacity_ || victim == cache_.end()) return;
       cache_.erase(victim);
     }
   }
@@ -186,9 +198,9 @@ class TextSource : public ShardSource {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Entry> cache_;
-  uint64_t clock_ = 0, generation_ = 0;
-  size_t capacity_ = 4;
   std::vector<std::string> ahead_;
+  uint64_t generation_ = 0, clock_ = 0;
+  size_t capacity_ = 4;
   bool stop_ = false;
   std::thread thread_;  // last: started when everything above exists
 };
@@ -198,6 +210,9 @@ class TextSource : public ShardSource {
 Manifest open_text_dataset(const std::string& location, const std::string& key, const TextSourceOptions& o) {
   if (o.text.docs != "line" && o.text.docs != "paragraph" && o.text.docs != "jsonl")
     throw ConfigError("key '" + key + "': raw text needs docs line, paragraph or jsonl, got '" + o.text.docs + "'");
+  if (o.tokenizer != "bytes" && !std::filesystem::is_regular_file(o.tokenizer) && !files::exists(o.tokenizer + "/manifest.json"))
+    throw ConfigError("key 'data.tokenizer': '" + o.tokenizer + "' is neither bytes, a sentencepiece .model file nor a "
+                      "prep output directory");
   std::shared_ptr<const Tokenizer> tok = load_tokenizer_isolated(o.tokenizer);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Manifest m;
@@ -222,7 +237,9 @@ Manifest open_text_dataset(const std::string& location, const std::string& key, 
   m.shards.insert(m.shards.end(), val.begin(), val.end());
   if (m.split_tokens("train") == 0) throw DataError(location + ": no documents in the train split");
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
-  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks));
+  std::vector<std::string> first;
+  if (!val.empty()) first.push_back(val.front().file);
+  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks), std::move(first));
   return m;
 }
 

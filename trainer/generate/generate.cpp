@@ -18,6 +18,17 @@
 #include "trainer/run_dir.h"
 
 namespace lm {
+namespace {
+
+// What names a run's tokenizer: data.tokenizer when it reads raw text, else its (first) dataset.
+std::string tokenizer_of(const DataConfig& d) {
+  bool raw = !d.text.empty();
+  for (const auto& s : d.sources) raw = raw || !s.text.empty();
+  if (raw) return d.tokenizer;
+  return d.sources.empty() ? d.train : d.sources.front().path;
+}
+
+}  // namespace
 
 std::vector<int64_t> generate(LM& model, std::vector<int64_t> prompt, const SampleOptions& opt) {
   TORCH_CHECK(!prompt.empty(), "generate: empty prompt");
@@ -58,7 +69,7 @@ int generate_cli(int argc, char** argv) {
   int64_t seed = 1, samples = 1, threads = 0;
   app.add_option("--run", run, "run directory (its config.yaml and model.safetensors)")->required();
   app.add_option("--weights", weights, "weights file (default RUN/model.safetensors)");
-  app.add_option("--data", data_dir, "prepared data directory for the tokenizer (default: the run's data.train)");
+  app.add_option("--data", data_dir, "prepared data directory, sentencepiece .model or bytes: the tokenizer (default: the run's)");
   app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
   app.add_option("--tokens", opt.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
   // A finite number >= 0, 0 = greedy (CLI::NonNegativeNumber lets nan and inf through).
@@ -89,7 +100,7 @@ int generate_cli(int argc, char** argv) {
   if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
   auto cfg = load_config(run_dir::config(run), {});
   if (weights.empty()) weights = run_dir::weights(run);
-  auto tok = data::load_tokenizer_isolated(data_dir.empty() ? cfg.data.train : data_dir);
+  auto tok = data::load_tokenizer_isolated(data_dir.empty() ? tokenizer_of(cfg.data) : data_dir);
   const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
   LM model = build_model(cfg.model, padded_vocab(cfg.model, data_vocab));
   load_into_module(*model, load_safetensors(weights), weights);
