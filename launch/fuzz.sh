@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-5}
 [ $# -gt 0 ] && shift
 BUILD_DIR=$PWD/build-fuzz  # absolute: fuzz_sweep changes directory
-ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_safetensors fuzz_checkpoint)
-[ -n "${FUZZ_BASE_ONLY:-}" ] && ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl)
+ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_text fuzz_safetensors fuzz_checkpoint)
+[ -n "${FUZZ_BASE_ONLY:-}" ] && ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_text)
 NAMES=("$@")
 [ ${#NAMES[@]} -eq 0 ] && NAMES=("${ALL[@]}")
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then

@@ -1,6 +1,7 @@
 // Validation loss (see evaluate.h).
 #include "trainer/evaluate.h"
 
+#include <filesystem>
 #include <vector>
 
 #include "common/compat.h"
@@ -14,6 +15,9 @@ namespace lm {
 std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const data::Manifest& train,
                                              const torch::Device& device, int rank, int world) {
   if (cfg.eval.batches <= 0) return nullptr;
+  if (std::filesystem::is_regular_file(cfg.data.val))
+    throw ConfigError("key 'data.val': " + cfg.data.val + " is a file; data.val takes a prep output directory or URL "
+                      "(raw text validates on the val split of its own documents: leave data.val empty)");
   data::Manifest m = cfg.data.val.empty() ? train : data::open_dataset(cfg.data.val, "data.val", data::remote_options(cfg.data));
   if (m.tokenizer.kind != train.tokenizer.kind || m.tokenizer.hash != train.tokenizer.hash)
     throw ConfigError("key 'data.val': " + m.dir + " was tokenized with " + m.tokenizer.kind + " " + m.tokenizer.hash +
