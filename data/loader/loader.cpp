@@ -133,7 +133,7 @@ Manifest open_source(const DataConfig& cfg, const std::string& path, const std::
   TextSourceOptions o;
   o.text.docs = text, o.text.text_field = field;
   o.text.val_fraction = cfg.val_fraction, o.text.split_seed = static_cast<uint64_t>(cfg.split_seed);
-  o.tokenizer = cfg.tokenizer, o.cache_dir = cfg.cache_dir;
+  o.tokenizer = cfg.tokenizer, o.cache_dir = cfg.cache_dir, o.ahead_threads = static_cast<int>(cfg.workers);
   return open_text_dataset(path, key, o);
 }
 

@@ -29,11 +29,13 @@ class TextSource : public ShardSource {
  public:
   // `first`: tokenized at once by the thread ahead (the val split's first chunk, which evaluation
   // reads on the training thread); val chunks, once tokenized, are never evicted.
+  // `threads` tokenize ahead, each taking the next chunk of the list that nobody is building.
   TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok,
-             std::map<std::string, ChunkRef> chunks, std::vector<std::string> first)
+             std::map<std::string, ChunkRef> chunks, std::vector<std::string> first, int threads)
       : location_(std::move(location)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
-        dtype_(dtype_for_vocab(tok_->info().vocab_size)), ahead_(std::move(first)), generation_(1),
-        thread_([this] { run_ahead(); }) {}
+        dtype_(dtype_for_vocab(tok_->info().vocab_size)), ahead_(std::move(first)), generation_(1) {
+    for (int i = 0; i < std::max(threads, 1); ++i) threads_.emplace_back([this] { run_ahead(); });
+  }
 
   ~TextSource() override {
     {
@@ -41,7 +43,7 @@ class TextSource : public ShardSource {
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    for (auto& t : threads_) t.join();
   }
 
   std::string location() const override { return location_; }
@@ -202,7 +204,7 @@ class TextSource : public ShardSource {
   uint64_t generation_ = 0, clock_ = 0;
   size_t capacity_ = 4;
   bool stop_ = false;
-  std::thread thread_;  // last: started when everything above exists
+  std::vector<std::thread> threads_;  // last: started when everything above exists
 };
 
 }  // namespace
@@ -239,7 +241,7 @@ Manifest open_text_dataset(const std::string& location, const std::string& key, 
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
   std::vector<std::string> first;
   if (!val.empty()) first.push_back(val.front().file);
-  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks), std::move(first));
+  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks), std::move(first), o.ahead_threads);
   return m;
 }
 

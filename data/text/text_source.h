@@ -6,7 +6,7 @@
 // document texts); everything above the Manifest is unchanged: the plan, the two-stage shuffle,
 // mixtures, the cursor in checkpoints (chunk, document, token), exact resume. A chunk is tokenized
 // when first needed, by the thread that needs it (a loader worker) or ahead of need by the
-// source's own thread in the order the plan will read (ShardSource::ahead); the training thread
+// source's own threads in the order the plan will read (ShardSource::ahead); the training thread
 // never tokenizes. Tokenized chunks are kept in memory, as many as the plan needs at hand.
 #pragma once
 
@@ -22,6 +22,7 @@ struct TextSourceOptions {
   std::string tokenizer = "bytes";  // "bytes", a sentencepiece .model file, or a prep output directory
   std::string cache_dir;            // where indexes built on open are kept (CACHE/text-index/)
   int threads = 0;                  // index building; 0 = hardware concurrency
+  int ahead_threads = 2;            // threads tokenizing chunks ahead of need (the loader: data.workers)
 };
 
 // The raw text at `location` (a file, or a directory of files in path order) as a dataset; `key`
