@@ -19,10 +19,16 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  // A giant word gets no suggestion: the distance costs |word| x |candidate| per candidate, and a
+  // hostile config's 40 kB key took seconds (found by tests/fuzz, fuzz_config).
+  if (word.size() > 256) return "";
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : candidates)
+  for (const auto& c : candidates) {
+    const size_t gap = word.size() > c.size() ? word.size() - c.size() : c.size() - word.size();
+    if (gap >= best_d) continue;  // the distance is at least the length difference
     if (size_t d = edit_distance(word, c); d < best_d) best_d = d, best = c;
+  }
   return best;
 }
 

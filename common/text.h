@@ -9,7 +9,8 @@ namespace lm {
 
 // Levenshtein distance between a and b.
 size_t edit_distance(const std::string& a, const std::string& b);
-// The candidate closest to `word` by edit distance (for "did you mean" messages); "" if none.
+// The candidate closest to `word` by edit distance (for "did you mean" messages); "" if none, or
+// when `word` is over 256 bytes (no suggestion is worth O(|word| x |candidate|) on hostile input).
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 // Offset of the first byte that is not part of valid UTF-8 (no overlongs, surrogates or code
 // points past U+10FFFF), or std::string::npos when all of `s` is valid.

@@ -143,6 +143,7 @@ TEST(MixTest, ExactResumeAtEveryBatchBoundary) {
 // one-source mixture of it alone, same name and seed) must be a prefix: the multiset of the first n.
 void audit_against_own_stream(const Mix& mix, size_t s, const std::vector<SampleOrigin>& got) {
   DataConfig one = mix.cfg;
+  one.token_budget = 0;  // the source's own stream, one sample at a time
   one.sources = {mix.cfg.sources[s]};
   one.stages.clear();
   Loader own(one, {mix.manifests[s]}, "train", kT, 1, 0, 1, 9, 1);
@@ -196,6 +197,35 @@ TEST(MixTest, WeightEditAtResumeNeitherRepeatsNorSkips) {
     for (size_t s = 0; s < 3; ++s) audit_against_own_stream(mix, s, per[s]);
     // The tiny source (4 docs) wrapped several times at weight 1/8.
     EXPECT_GT(per[2].size(), 4 * 2u) << mode;
+  }
+}
+
+// Bucketed with a token budget: every rank's batch fits the budget (rows x padded length), ranks
+// get equal rows, a resume at every boundary continues exactly, no sample repeats or is skipped,
+// and the shares stay within one sequence.
+TEST(MixTest, TokenBudgetBatchesFitResumeAndKeepTheShares) {
+  Mix mix("bucketed", 2);
+  mix.cfg.token_budget = 3 * kT;
+  mix.cfg.pad_multiple = 2;
+  std::vector<Global> run;
+  std::vector<std::string> states;
+  Ranks full(mix.cfg, mix.manifests, 1, W);
+  for (int k = 0; k < 40; ++k) states.push_back(full.state()), run.push_back(full.next());
+  std::vector<std::vector<SampleOrigin>> per(3);
+  bool several = false;
+  for (const Global& g : run) {
+    EXPECT_EQ(g[0].rows, g[1].rows);
+    EXPECT_TRUE(g[0].rows == 1 || g[0].rows * g[0].cols <= mix.cfg.token_budget) << g[0].rows << " x " << g[0].cols;
+    several = several || g[0].rows > 1;
+    for (const Batch& b : g)
+      for (int64_t r = 0; r < b.rows; ++r) per[b.origins[r].source].push_back(b.origins[r]);
+  }
+  EXPECT_TRUE(several) << "the budget holds several rows";
+  check_shares(run, {0.5, 0.3, 0.2}, 0, run.size(), "token budget");
+  for (size_t s = 0; s < 3; ++s) audit_against_own_stream(mix, s, per[s]);
+  for (size_t k = 0; k < run.size(); k += 3) {
+    Ranks resumed(mix.cfg, mix.manifests, 1, W, states[k]);
+    for (size_t i = k; i < std::min(run.size(), k + 3); ++i) expect_same(resumed.next(), run[i], "budget, resumed at " + std::to_string(k));
   }
 }
 

@@ -94,8 +94,6 @@ inline void validate_mixture(const DataConfig& c) {
     if (std::find(data_choices::text.begin(), data_choices::text.end(), s.text) == data_choices::text.end())
       fail("sources", "source '" + s.name + "': text must be line, paragraph or jsonl, got '" + s.text + "'");
   if (!c.stages.empty() && c.sources.empty()) fail("stages", "stages need data.sources");
-  if (!c.stages.empty() && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
-  if (c.sources.size() > 1 && c.token_budget > 0) fail("token_budget", "is not supported with data.sources yet (set 0)");
   int64_t last_step = 0, last_tokens = 0;
   for (size_t i = 0; i < c.stages.size(); ++i) {
     const auto& st = c.stages[i];

@@ -48,7 +48,9 @@
 //   source furthest behind its target share of the TOKENS (mix.h), so the choice is a function of
 //   the weights, the seed and the position only. A global batch is the next G samples of it:
 //   packed, rank r takes rows [r*B, (r+1)*B); bucketed, the batch is sorted longest first and dealt
-//   round-robin (no cross-batch length bucketing, and no token_budget, with a mixture).
+//   round-robin (no cross-batch length bucketing with a mixture: sorting across batches would move
+//   tokens between steps and break the per-step shares). With token_budget, G is the next samples
+//   taken W at a time while k = G/W rows per rank fit k * padded(longest) <= budget (at least W).
 //   Stages (data.stages) switch the weights at a batch boundary. A source at the end of an epoch
 //   starts the next one reshuffled (logged); at max_epochs it drops out and the weights renormalise
 //   over the rest (logged). Batch::source_tokens counts the global batch's tokens per source.

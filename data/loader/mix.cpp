@@ -71,7 +71,12 @@ MixPlanner::MixPlanner(const DataConfig& c, const std::vector<MixSource>& source
     st_.sources.push_back({c_.sources[i].name, sources[i].data_version, 0, 0, 0, 0});
   }
   own_.ranks = world;
-  own_.rows = micro_batch;
+  if (bucketed_ && c.token_budget > 0) {
+    own_.token_budget = c.token_budget;
+    own_.pad_multiple = c.pad_multiple;
+  } else {
+    own_.rows = micro_batch;
+  }
 }
 
 // The stage in effect for `batch`, given the tokens before it; -1 without stages.
@@ -116,7 +121,7 @@ void MixPlanner::begin_segment(int64_t stage, const std::string& why) {
   st_.seg_start = batches_;
   st_.seg_total = 0;
   for (size_t s = 0; s < w.size(); ++s) st_.sources[s].weight = w[s], st_.sources[s].seg_tokens = 0;
-  if (rank_ == 0)
+  if (rank_ == 0 && !quiet_)
     log::info(strf("data: mixture from batch %llu (%s): %s", static_cast<unsigned long long>(batches_), why.c_str(),
                    percent_list(st_).c_str()));
 }
@@ -137,7 +142,7 @@ size_t MixPlanner::pick() const {
 Plan::Row MixPlanner::take(size_t s, Plan& p, int64_t* tokens) {
   auto& src = st_.sources[s];
   const uint64_t n = streams_[s].n;
-  if (src.cursor > 0 && src.cursor % n == 0 && rank_ == 0)
+  if (src.cursor > 0 && src.cursor % n == 0 && rank_ == 0 && !quiet_)
     log::info(strf("data: source '%s' starts epoch %llu at batch %llu%s", src.name.c_str(),
                    static_cast<unsigned long long>(src.cursor / n), static_cast<unsigned long long>(batches_),
                    c_.shuffle ? " (reshuffled)" : ""));
@@ -165,7 +170,7 @@ Plan MixPlanner::next() {
   resumed_ = false;
   Plan p;
   p.source_tokens.assign(streams_.size(), 0);
-  const uint64_t G = static_cast<uint64_t>(world_ * B_);
+  const uint64_t G = own_.token_budget > 0 ? budget_rows() : static_cast<uint64_t>(world_ * B_);
   std::vector<Plan::Row> rows;
   for (uint64_t j = 0; j < G; ++j) {
     const size_t s = pick();
@@ -175,7 +180,7 @@ Plan MixPlanner::next() {
     rows.push_back(take(s, p, &tokens));
     p.source_tokens[s] += tokens;
   }
-  if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h)
+  if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h); a budget's G is a multiple of the ranks
     std::stable_sort(rows.begin(), rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
     for (size_t i = static_cast<size_t>(rank_); i < rows.size(); i += static_cast<size_t>(world_)) p.rows.push_back(rows[i]);
   } else {
@@ -187,6 +192,37 @@ Plan MixPlanner::next() {
   p.cursor_after = cursor_;
   p.mix_after = st_.to_json();
   return p;
+}
+
+// Bucketed with data.token_budget: the global batch takes the mixture's next samples in groups of
+// one per rank while k groups fit, k * padded(longest) <= budget (at least one group), as the one-
+// source planner cuts its blocks (plan.cpp budget_cuts). Tried on a copy of the state, quietly.
+uint64_t MixPlanner::budget_rows() {
+  const MixState start = st_;
+  const size_t W = static_cast<size_t>(world_);
+  quiet_ = true;
+  uint64_t k = 0;
+  uint32_t longest = 0;
+  try {
+    for (bool fits = true; fits; ) {
+      uint32_t m = longest;
+      for (size_t j = 0; j < W; ++j) {
+        const size_t s = pick();
+        if (s == streams_.size()) throw DataError("no source left");  // the real take says it
+        Plan scratch;
+        int64_t tokens = 0;
+        m = std::max(m, take(s, scratch, &tokens).ref.len);
+      }
+      const int64_t per_row = std::max<int64_t>(1, padded(m, own_.pad_multiple, T_));
+      fits = k == 0 || static_cast<int64_t>(k + 1) * per_row <= own_.token_budget;
+      if (fits) ++k, longest = m;
+    }
+  } catch (const DataError&) {
+    k = std::max<uint64_t>(k, 1);
+  }
+  quiet_ = false;
+  st_ = start;
+  return k * W;
 }
 
 // ---- resume ------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class MixPlanner : public BatchPlanner {
   void begin_segment(int64_t stage, const std::string& why);
   size_t pick() const;
   Plan::Row take(size_t s, Plan& p, int64_t* tokens);
+  uint64_t budget_rows();
 
   const DataConfig c_;  // a copy: streams_ point into c_.sources
   std::vector<Stream> streams_;
@@ -90,6 +91,7 @@ class MixPlanner : public BatchPlanner {
   uint64_t cursor_ = 0, batches_ = 0;  // global stream samples and batches planned
   MixState st_;                        // after the last planned batch
   bool resumed_ = false;               // restart() was called and next() not yet
+  bool quiet_ = false;                 // budget_rows() is trying samples: no log lines
 };
 
 }  // namespace lm::data
