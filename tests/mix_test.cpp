@@ -251,8 +251,10 @@ TEST(MixTest, TinySourceWrapsIsLoggedAndCapped) {
   const int64_t n = Loader(alone, {mix.manifests[2]}, "train", kT, 1, 0, 1, 9, 1).samples_per_epoch();
   Ranks l(mix.cfg, mix.manifests, 4, 1);
   int64_t tiny = 0, others = 0;
-  for (int k = 0; k < 60; ++k)
-    for (const auto& o : l.next()[0].origins) (o.source == 2 ? tiny : others) += 1;
+  for (int k = 0; k < 60; ++k) {
+    const Global g = l.next();  // held: a range-for over l.next()[0].origins dangles (found by TSan)
+    for (const auto& o : g[0].origins) (o.source == 2 ? tiny : others) += 1;
+  }
   EXPECT_EQ(tiny, 2 * n) << "exactly max_epochs epochs of the tiny source";
   EXPECT_EQ(tiny + others, 60 * 4);
   const std::string log = test::read_text(logdir / "log.txt");

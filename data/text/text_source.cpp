@@ -215,7 +215,7 @@ Manifest open_text_dataset(const std::string& location, const std::string& key, 
   if (o.tokenizer != "bytes" && !std::filesystem::is_regular_file(o.tokenizer) && !files::exists(o.tokenizer + "/manifest.json"))
     throw ConfigError("key 'data.tokenizer': '" + o.tokenizer + "' is neither bytes, a sentencepiece .model file nor a "
                       "prep output directory");
-  std::shared_ptr<const Tokenizer> tok = load_tokenizer_isolated(o.tokenizer);
+  std::shared_ptr<const Tokenizer> tok = o.load_tokenizer ? o.load_tokenizer(o.tokenizer) : load_tokenizer_isolated(o.tokenizer);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Manifest m;
   m.dir = location;

@@ -10,6 +10,8 @@
 // never tokenizes. Tokenized chunks are kept in memory, as many as the plan needs at hand.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "data/format/manifest.h"
@@ -23,6 +25,9 @@ struct TextSourceOptions {
   std::string cache_dir;            // where indexes built on open are kept (CACHE/text-index/)
   int threads = 0;                  // index building; 0 = hardware concurrency
   int ahead_threads = 2;            // threads tokenizing chunks ahead of need (the loader: data.workers)
+  // Loads `tokenizer`; null: load_tokenizer_isolated (the plugin, for processes with LibTorch).
+  // Processes linking lm_tok (prep, tests; sanitizer builds, where RTLD_DEEPBIND cannot work) load directly.
+  std::function<std::unique_ptr<Tokenizer>(const std::string&)> load_tokenizer;
 };
 
 // The raw text at `location` (a file, or a directory of files in path order) as a dataset; `key`
