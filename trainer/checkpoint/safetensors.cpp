@@ -92,11 +92,15 @@ std::vector<HeaderEntry> parse_header(const std::string& path, const std::string
   } catch (const std::exception& e) {
     bad_file(path, std::string("bad header JSON: ") + e.what());
   }
+  if (!header.is_object()) bad_file(path, "the header is not a JSON object");
   std::vector<HeaderEntry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (metadata)
-        for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
+      if (!it->is_object()) bad_file(path, "__metadata__ is not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) bad_file(path, "__metadata__." + m.key() + " is not a string");  // found by tests/fuzz
+        if (metadata) (*metadata)[m.key()] = m->get<std::string>();
+      }
       continue;
     }
     try {
@@ -105,10 +109,16 @@ std::vector<HeaderEntry> parse_header(const std::string& path, const std::string
       auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
       auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
       if (found == dtype_names().end()) bad_file(path, "tensor " + it.key() + ": unknown dtype " + dt);
-      auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
-      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size ||
-          offs[1] - offs[0] != static_cast<uint64_t>(t.numel() * t.element_size()))
+      // The shape must fit the bytes its offsets name inside the file before anything is allocated.
+      uint64_t bytes = c10::elementSize(found->first);
+      for (int64_t d : shape) {
+        if (d < 0) bad_file(path, "tensor " + it.key() + ": negative dimension");
+        if (d > 0 && bytes > data_size / static_cast<uint64_t>(d) + 1) bytes = data_size + 1;  // past the file: refused below
+        else bytes *= static_cast<uint64_t>(d);
+      }
+      if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size || offs[1] - offs[0] != bytes)
         bad_file(path, "tensor " + it.key() + ": bad data_offsets");
+      auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
       entries.push_back({offs[0], offs[1], it.key(), t});
     } catch (const nlohmann::json::exception& e) {
       bad_file(path, "tensor " + it.key() + ": " + e.what());
