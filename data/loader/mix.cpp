@@ -188,7 +188,10 @@ Plan MixPlanner::next() {
   }
   cursor_ += G;
   ++batches_;
-  for (size_t s = 0; s < streams_.size(); ++s) streams_[s].planner->forget_before(st_.sources[s].cursor);
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    streams_[s].planner->forget_before(st_.sources[s].cursor);
+    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
+  }
   p.cursor_after = cursor_;
   p.mix_after = st_.to_json();
   return p;

@@ -318,10 +318,10 @@ void Planner::next_bucketed(Plan& p) {
   for (size_t i = static_cast<size_t>(rank_); i < batch.size(); i += W) p.rows.push_back({nullptr, 0, batch[i], 0});
 }
 
-// Remote datasets: the shards from the one holding the start of the cursor's shuffle block on, in
-// the order the stream reads them (into the next epochs), k at most and none twice.
-std::vector<uint32_t> Planner::upcoming(size_t k) {
-  const uint64_t g = block_of(cursor_);
+// Remote and raw-text datasets: the shards from the one holding the start of the cursor's shuffle
+// block on, in the order the stream reads them (into the next epochs), k at most and none twice.
+std::vector<uint32_t> Planner::upcoming(uint64_t cursor, size_t k) {
+  const uint64_t g = block_of(cursor);
   int64_t e = static_cast<int64_t>(g / blocks_per_epoch_);
   const uint64_t u = g % blocks_per_epoch_ * S_ * (bucketed_ ? 1 : static_cast<uint64_t>(T_));
   auto ep = epoch_table(e);
@@ -345,8 +345,12 @@ Plan Planner::next() {
   perms_.erase(perms_.begin(), perms_.lower_bound(g));
   blocks_.erase(blocks_.begin(), blocks_.lower_bound(g));
   epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(cursor_ / n_)));
-  if (set_.remote()) set_.read_ahead(upcoming(set_.ahead_count()));  // the fetch order
+  read_ahead_from(cursor_);
   return p;
+}
+
+void Planner::read_ahead_from(uint64_t i) {
+  if (set_.remote()) set_.read_ahead(upcoming(i, set_.ahead_count()));  // the fetch order
 }
 
 }  // namespace lm::data

@@ -98,6 +98,9 @@ class Planner : public BatchPlanner {
   // keep their epoch tables alive through p.keep. forget_before(i) drops the tables behind sample i.
   Plan::Row sample(uint64_t i, Plan& p, int64_t* tokens);
   void forget_before(uint64_t i);
+  // A remote or raw-text source: tells it the shards the stream reads from sample i on (ShardSet::
+  // read_ahead), as next() does for one source.
+  void read_ahead_from(uint64_t i);
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
@@ -127,7 +130,7 @@ class Planner : public BatchPlanner {
   const BlockTable& block(uint64_t g);
   void next_packed(Plan& p);
   void next_bucketed(Plan& p);
-  std::vector<uint32_t> upcoming(size_t k);
+  std::vector<uint32_t> upcoming(uint64_t cursor, size_t k);
 
   // ---- fixed after construction
   const ShardSet& set_;
