@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "common/errors.h"
@@ -105,14 +106,28 @@ std::vector<HeaderEntry> parse_header(const std::string& path, const std::string
     }
     try {
       auto dt = it->at("dtype").get<std::string>();
-      auto shape = it->at("shape").get<std::vector<int64_t>>();
-      auto offs = it->at("data_offsets").get<std::vector<uint64_t>>();
+      // Integers only, in range: a float or an unsigned above 2^63 would convert with undefined
+      // behaviour (found by tests/fuzz, fuzz_safetensors).
+      auto ints = [&](const char* field, bool non_negative) {
+        const auto& a = it->at(field);
+        if (!a.is_array()) bad_file(path, "tensor " + it.key() + ": " + field + " is not an array");
+        std::vector<int64_t> v;
+        for (const auto& d : a) {
+          if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > uint64_t{INT64_MAX}) ||
+              (non_negative && d.get<int64_t>() < 0))
+            bad_file(path, "tensor " + it.key() + ": " + field + " holds " + d.dump() + ", not an integer in range");
+          v.push_back(d.get<int64_t>());
+        }
+        return v;
+      };
+      const std::vector<int64_t> shape = ints("shape", true);
+      std::vector<uint64_t> offs;
+      for (int64_t o : ints("data_offsets", true)) offs.push_back(static_cast<uint64_t>(o));
       auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](auto& p) { return p.second == dt; });
       if (found == dtype_names().end()) bad_file(path, "tensor " + it.key() + ": unknown dtype " + dt);
       // The shape must fit the bytes its offsets name inside the file before anything is allocated.
       uint64_t bytes = c10::elementSize(found->first);
       for (int64_t d : shape) {
-        if (d < 0) bad_file(path, "tensor " + it.key() + ": negative dimension");
         if (d > 0 && bytes > data_size / static_cast<uint64_t>(d) + 1) bytes = data_size + 1;  // past the file: refused below
         else bytes *= static_cast<uint64_t>(d);
       }
