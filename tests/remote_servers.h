@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +98,16 @@ inline std::string make_dataset(const std::string& dir, int lines, int shard_tok
                                   std::to_string(shard_tokens), "--val-fraction", "0.05", "--quiet"});
   if (r.exit_code != 0) throw std::runtime_error("prep failed: " + r.out);
   return dir + "/data";
+}
+
+// step -> batch_hash of the "train" records in a metrics.jsonl (runs that must see the same batches).
+inline std::map<int64_t, std::string> step_batch_hashes(const std::string& metrics_path) {
+  std::map<int64_t, std::string> h;
+  for (const auto& line : metrics_of_kind(metrics_path, "train")) {
+    auto j = nlohmann::json::parse(line);
+    h[j.at("step").get<int64_t>()] = j.at("batch_hash").get<std::string>();
+  }
+  return h;
 }
 
 inline int count_in(const std::string& text, const std::string& needle) {

@@ -44,12 +44,7 @@ class RemoteTrainTest : public ::testing::Test {
     return p;
   }
   Hashes batch_hashes(const std::string& name) {
-    Hashes h;
-    for (const auto& line : test::metrics_of_kind(run_dir::metrics(tmp_ / ("runs/" + name)), "train")) {
-      auto j = nlohmann::json::parse(line);
-      h[j.at("step").get<int64_t>()] = j.at("batch_hash").get<std::string>();
-    }
-    return h;
+    return test::step_batch_hashes(run_dir::metrics(tmp_ / ("runs/" + name)));
   }
   nlohmann::json proxy_stats() { return nlohmann::json::parse(test::read_text(tmp_ / "proxy_stats.json")); }
   std::string url(int port) { return "http://127.0.0.1:" + std::to_string(port) + "/data"; }
