@@ -16,7 +16,7 @@ build/bin/ckpt_stall --dir "$WORK" "$@" | tee "$WORK/out.jsonl" >&2
 tail -n 1 "$WORK/out.jsonl" | /usr/bin/python3 -c '
 import json, sys
 o = json.load(sys.stdin)
-print("state %.0f MB, step %.0f ms (median without a save)" % (o["state_mb"], o["step_ms"]))
+print("state %.0f MB, step %.0f ms (median without a save), training on %d intra-op threads" % (o["state_mb"], o["step_ms"], o["train_threads"]))
 print("%-7s %12s %12s %12s %14s" % ("mode", "stall ms", "% of sync", "reported ms", "peak extra MB"))
 for m in ("sync", "thread"):
     if m + "_stall_ms" in o:

@@ -1,6 +1,8 @@
 // Checkpoint layout, commit protocol, verification, retention, sync/async saves (see checkpoint.h).
 #include "trainer/checkpoint/checkpoint.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +15,9 @@
 #include <filesystem>
 #include <cstring>
 #include <map>
+#include <mutex>
+
+#include <ATen/Parallel.h>
 
 #include "common/errors.h"
 #include "common/checksum.h"
@@ -128,9 +133,24 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
   }
 }
 
+// The calling thread runs only when a CPU would otherwise be idle (SCHED_IDLE; a warning once
+// where the system refuses). The async writer's checksums and write() copies then come out of
+// the CPU time training leaves unused, not out of its steps.
+void set_idle_priority() {
+  sched_param p{};
+  p.sched_priority = 0;
+  if (int e = pthread_setschedparam(pthread_self(), SCHED_IDLE, &p); e != 0) {
+    static std::once_flag once;
+    std::call_once(once, [e] { log::warn("checkpoint writer: cannot lower its priority: " + std::string(strerror(e))); });
+  }
+}
+
 }  // namespace
 
-// The save in flight: the writer thread, the staging copies it makes first, and its outcome.
+// The save in flight: the writer thread, the staging copies made first, and its outcome.
+// The copies are cut into chunks that the writer thread (at idle priority, so it only takes CPU
+// time training leaves free) and the training thread's wait_snapshot() both claim, so whatever
+// is not copied by the next update is copied by the thread that waits for it.
 struct Checkpointer::InFlight {
   struct Copy {
     void* dst;
@@ -139,13 +159,35 @@ struct Checkpointer::InFlight {
   };
   std::thread thread;
   std::vector<torch::Tensor> keep;  // the sources of `copies` and the buffer views the plans use
-  std::vector<Copy> copies;         // CPU state into the buffer, made by the writer thread
+  std::vector<Copy> copies;         // CPU state into the buffer, in chunks of at most kCopyChunk
+  std::atomic<size_t> next{0};      // the next chunk to claim
+  std::atomic<size_t> copied{0};    // chunks finished
   std::mutex mu;
-  std::condition_variable cv;
-  bool staged = false;              // copies made: the live state may change (guarded by mu)
+  std::condition_variable cv;       // notified when the last chunk is finished
   std::atomic<bool> done{false};    // the writer finished; report.error and write_ms are set
   SaveReport report;
-  double fence_s = 0;               // time wait_snapshot() waited for the copies
+  double fence_s = 0;               // time wait_snapshot() waited for (or made) the copies
+
+  static constexpr size_t kCopyChunk = size_t{4} << 20;
+  void add_copy(void* dst, const void* src, size_t n) {
+    for (size_t o = 0; o < n; o += kCopyChunk)
+      copies.push_back({static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, std::min(kCopyChunk, n - o)});
+  }
+  // Claims and copies chunks until none is left to claim.
+  void copy_some() {
+    for (size_t i; (i = next.fetch_add(1)) < copies.size();) {
+      std::memcpy(copies[i].dst, copies[i].src, copies[i].n);
+      if (copied.fetch_add(1) + 1 == copies.size()) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
+    }
+  }
+  // Returns once every chunk is copied (by any thread).
+  void wait_copied() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [this] { return copied.load() == copies.size(); });
+  }
 };
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
@@ -177,8 +219,9 @@ void Checkpointer::wait() {
 void Checkpointer::wait_snapshot() {
   if (!inflight_) return;
   const auto t0 = Clock::now();
-  std::unique_lock<std::mutex> lock(inflight_->mu);
-  inflight_->cv.wait(lock, [this] { return inflight_->staged; });
+  // Every intra-op thread is free while the training thread waits here: all of them copy.
+  at::parallel_for(0, at::get_num_threads(), 1, [this](int64_t, int64_t) { inflight_->copy_some(); });
+  inflight_->wait_copied();
   inflight_->fence_s += ms_since(t0) / 1e3;
 }
 
@@ -283,7 +326,7 @@ CheckpointState Checkpointer::stage(const CheckpointState& st, InFlight* f) {
         view.copy_(t.detach());  // synchronous device-to-host into pinned memory
       } else {
         torch::Tensor src = t.detach().contiguous();
-        f->copies.push_back({view.data_ptr(), src.data_ptr(), static_cast<size_t>(bytes)});
+        f->add_copy(view.data_ptr(), src.data_ptr(), static_cast<size_t>(bytes));
         f->keep.push_back(src);
       }
       f->keep.push_back(view);
@@ -321,12 +364,9 @@ void Checkpointer::save(const CheckpointState& st) {
   inflight_ = std::move(f);
   fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
     const auto w0 = Clock::now();
-    for (auto& c : fl->copies) std::memcpy(c.dst, c.src, c.n);
-    {
-      std::lock_guard<std::mutex> lock(fl->mu);
-      fl->staged = true;
-    }
-    fl->cv.notify_all();
+    set_idle_priority();
+    fl->copy_some();
+    fl->wait_copied();
     fl->report.error = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     fl->report.write_ms = ms_since(w0);
     fl->done.store(true);
