@@ -6,7 +6,8 @@
 // more. The stall of a save = its save() call + the extra time of the steps after it over the
 // round's median step without a save.
 //
-//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread] [--ema] [--layers L] [--seq T] [--threads N]
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread] [--ema] [--layers L] [--seq T]
+// With OPENBLAS_NUM_THREADS=1 training leaves the writer a CPU of its own, as a GPU host does.
 // prints one JSON line per save and a summary line (medians over rounds):
 //   <mode>_stall_ms        measured stall (sync: the whole save)
 //   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
@@ -146,8 +147,10 @@ using PerMode = std::map<std::string, std::vector<double>>;
 
 // The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
 void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
-                   double state_mb, int rounds, double step_ms, double base_mb, int threads) {
-  nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms}, {"train_threads", threads},
+                   double state_mb, int rounds, double step_ms, double base_mb) {
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms},
+                        {"blas_threads", blas ? blas : "default"}, {"intra_op_threads", torch::get_num_threads()},
                         {"rss_mb_before_save", base_mb}};
   const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
   for (auto& mode : modes) {
@@ -165,7 +168,7 @@ int main(int argc, char** argv) {
   return lm::run_main("ckpt_stall", [&] {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
     std::string dir, modes_arg = "sync,thread";
-    int rounds = 4, clean = 2, layers = 12, seq = 64, threads = 0;
+    int rounds = 4, clean = 2, layers = 12, seq = 64;
     bool ema = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
@@ -173,8 +176,6 @@ int main(int argc, char** argv) {
     app.add_option("--modes", modes_arg, "comma-separated: sync, thread");
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
-    app.add_option("--threads", threads, "training's intra-op threads (default: one per CPU); fewer leave "
-                   "the writer a CPU of its own, as on a GPU host");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
     try {
       app.parse(argc, argv);
@@ -185,7 +186,6 @@ int main(int argc, char** argv) {
     std::vector<std::string> modes;
     std::stringstream ss(modes_arg);
     for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
-    if (threads > 0) torch::set_num_threads(threads);
     lm::install_caching_host_allocator();
     Model m;
     build(m, layers, seq, ema);
@@ -238,8 +238,7 @@ int main(int argc, char** argv) {
                                     {"peak_extra_mb", peak[mode].back()}}.dump() << std::endl;
       }
     }
-    print_summary(modes, stall, reported, peak, state_mb, rounds, 1e3 * median(all_clean), base_mb,
-                  torch::get_num_threads());
+    print_summary(modes, stall, reported, peak, state_mb, rounds, 1e3 * median(all_clean), base_mb);
     for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
     return 0;
   });

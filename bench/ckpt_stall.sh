@@ -4,6 +4,8 @@
 # peer) and the async save as the trainer does it (staged copy + writer thread). Goal: the async
 # stall <= 5% of the sync save. (The forked writer it replaced was compared in commit 223b6ab.)
 # usage: bench/ckpt_stall.sh [DIR] [extra ckpt_stall flags, e.g. --rounds 6 --ema]
+#   OPENBLAS_NUM_THREADS=1 bench/ckpt_stall.sh: training on one core leaves the writer the other,
+#   as on a GPU host, where training runs on the device and the host has cores to spare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE=${1:-/tmp}
@@ -16,7 +18,7 @@ build/bin/ckpt_stall --dir "$WORK" "$@" | tee "$WORK/out.jsonl" >&2
 tail -n 1 "$WORK/out.jsonl" | /usr/bin/python3 -c '
 import json, sys
 o = json.load(sys.stdin)
-print("state %.0f MB, step %.0f ms (median without a save), training on %d intra-op threads" % (o["state_mb"], o["step_ms"], o["train_threads"]))
+print("state %.0f MB, step %.0f ms (median without a save); training threads: %d intra-op, OpenBLAS %s" % (o["state_mb"], o["step_ms"], o["intra_op_threads"], o["blas_threads"]))
 print("%-7s %12s %12s %12s %14s" % ("mode", "stall ms", "% of sync", "reported ms", "peak extra MB"))
 for m in ("sync", "thread"):
     if m + "_stall_ms" in o:

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+# Configured once; again for a whole build when the tree was configured without GoogleTest
+# (by the main job) and the tests are wanted now.
+if [ ! -f "$BUILD_DIR/build.ninja" ] || { [ $# -eq 0 ] && [ ! -f "$BUILD_DIR/CTestTestfile.cmake" ]; }; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi
 ninja -C "$BUILD_DIR" ${NINJA_JOBS:+-j "$NINJA_JOBS"} "$@"

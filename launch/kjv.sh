@@ -15,7 +15,7 @@ phase() {  # records the time since the previous phase under $1
   phases+=("$(printf '%-8s %5d s' "$1" $((now - t)))")
   t=$now
 }
-bash launch/deps.sh
+bash launch/deps.sh job
 phase deps
 bash launch/build.sh trainer prep generate lm_tokenizer
 phase build
