@@ -7,7 +7,8 @@
 //       peak VmRSS / RssAnon / RssFile sampled every 5 ms from /proc/self/status, and startup_s (the
 //       loader's construction: opening and checking every shard).
 //       --sources N (N >= 1): a mixture (data.sources) of N sources s0..s<N-1>, all reading DIR, with
-//       weights 1..N; 0 (default): the one-source data.train loader.
+//       weights 1..N; 0 (default): the one-source data.train loader. --source-data D1,D2,...: the
+//       i-th source reads D(i mod count) instead (distinct datasets, as a real mixture's are).
 //       --memcpy adds the machine's single-thread memcpy bandwidth (256 MiB buffers) to the line.
 //   loader_bench --memcpy                                   the memcpy figure alone
 //   loader_bench --generate DIR --tokens N [--shard-tokens N] [--seed S]
@@ -105,13 +106,17 @@ void generate(const std::string& dir, uint64_t tokens, uint64_t shard_tokens, ui
 
 }  // namespace
 
-// The loader over `data` (sources > 0: a mixture of that many sources over it, weights 1..N), and
-// how long opening it took (start-up: manifests, shard headers, plan).
+// The loader over `data` (sources > 0: a mixture of that many sources, weights 1..N, the i-th reading
+// source_dirs[i % size], or `data` when none), and how long opening it took (start-up: manifests,
+// shard headers, plan).
 std::unique_ptr<lm::data::Loader> open_timed(lm::DataConfig& cfg, const std::string& data, int64_t sources,
-                                             int64_t seq, int64_t batch, uint64_t seed, double* startup_s) {
+                                             const std::vector<std::string>& source_dirs, int64_t seq, int64_t batch,
+                                             uint64_t seed, double* startup_s) {
   if (sources > 0) {
     for (int64_t i = 0; i < sources; ++i)
-      cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)), data, static_cast<double>(i + 1), 0});
+      cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)),
+                             source_dirs.empty() ? data : source_dirs[static_cast<size_t>(i) % source_dirs.size()],
+                             static_cast<double>(i + 1), 0});
   } else {
     cfg.train = data;
   }
@@ -151,6 +156,9 @@ int main(int argc, char** argv) {
     app.add_option("--shard-tokens", shard_tokens, "--generate: tokens per shard");
     app.add_option("--seed", seed);
     app.add_option("--sources", sources, "a mixture of N sources over --data; 0 = data.train");
+    std::vector<std::string> source_dirs;
+    app.add_option("--source-data", source_dirs, "the mixture's sources read these directories (the i-th the "
+                   "i-th, cycling) instead of --data")->delimiter(',');
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -170,7 +178,7 @@ int main(int argc, char** argv) {
     RssSampler rss;
     cfg.mode = mode, cfg.workers = workers, cfg.prefetch = prefetch, cfg.token_budget = budget;
     double startup_s = 0;
-    auto loader_ptr = open_timed(cfg, data, sources, seq, batch, seed, &startup_s);
+    auto loader_ptr = open_timed(cfg, data, sources, source_dirs, seq, batch, seed, &startup_s);
     lm::data::Loader& loader = *loader_ptr;
     for (int64_t i = 0; i < warmup; ++i) loader.next();
     int64_t real = 0, out_bytes = 0;

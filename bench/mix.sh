@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Data mixtures (data.sources) against the one-source loader, side by side in one run: loader
-# tokens/s with 1, 3 and 10 sources over the same synthetic shards (goal: at most 10% slower than
-# data.train), and the loader's start-up time on a dataset of 10,000 shards (goal: under 10 s on 2
+# tokens/s with 1, 3 and 10 sources (goal: at most 10% slower than data.train), and the loader's
+# start-up time on a dataset of 10,000 shards (goal: under 10 s on 2
 # cores; each shard is opened once for its header and sizes, never scanned: checksums are lazy).
+# Data (synthetic, bytes tokenizer, shards of --tokens/80 tokens everywhere): data.train and the
+# 1-source mixture read one dataset of --tokens; the 3- and 10-source mixtures read the first 3 and
+# all 10 of ten distinct datasets of --tokens/10 each (as a real mixture's sources are distinct:
+# N sources over one directory would open, map and verify the same shards N times).
 # Timed window of each run: --batches batches of 16 x 1024 popped from the loader's next() (2
 # worker threads, prefetch 4) after 20 warm-up batches; shard files are in the page cache (read
 # once before). Each round runs every variant once, in an order rotated round by round, and a
@@ -12,7 +16,7 @@
 # Prints JSON lines (every run) and one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TOKENS=20000000 ROUNDS=7 BATCHES=4000
+TOKENS=200000000 ROUNDS=7 BATCHES=12000
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokens) TOKENS=$2 ;; --rounds) ROUNDS=$2 ;; --batches) BATCHES=$2 ;;
@@ -25,15 +29,23 @@ BIN=${BUILD_DIR:-build}/bin/loader_bench
 WORK=$(mktemp -d /tmp/lmmix.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
-"$BIN" --generate "$WORK/data" --tokens "$TOKENS" --shard-tokens $((TOKENS / 8 + 1)) >&2
+SHARD=$((TOKENS / 80 + 1))
+"$BIN" --generate "$WORK/data" --tokens "$TOKENS" --shard-tokens $SHARD >&2
+for i in $(seq 0 9); do
+  "$BIN" --generate "$WORK/src$i" --tokens $((TOKENS / 10)) --shard-tokens $SHARD --seed $((i + 1)) >&2
+done
 "$BIN" --generate "$WORK/many" --tokens 10000000 --shard-tokens 1000 >&2   # 10,000 train shards
-cat "$WORK"/data/*.bin > /dev/null
+cat "$WORK"/data/*.bin "$WORK"/src*/*.bin > /dev/null
+src() {  # the --source-data of an n-source mixture
+  case $1 in 3) echo "$WORK/src0,$WORK/src1,$WORK/src2" ;; 10) ls -d "$WORK"/src* | paste -sd, ;; *) echo "" ;; esac
+}
 variants=(0 1 3 10)
 for r in $(seq "$ROUNDS"); do
   for mode in packed bucketed; do
     for i in 0 1 2 3; do
       n=${variants[$(( (i + r) % 4 ))]}
-      "$BIN" --data "$WORK/data" --mode $mode --sources $n --seq 1024 --batch 16 --batches "$BATCHES" \
+      dirs=$(src $n)
+      "$BIN" --data "$WORK/data" ${dirs:+--source-data "$dirs"} --mode $mode --sources $n --seq 1024 --batch 16 --batches "$BATCHES" \
         | sed "s/^{/{\"round\": $r, /" | tee -a "$WORK/runs.jsonl"
     done
   done
@@ -56,6 +68,9 @@ for mode in ("packed", "bucketed"):
         ratios = [tps[(r, n)] / tps[(r, 0)] for r in rounds]
         res[f"ratio_{n}_sources"] = round(statistics.median(ratios), 3)
         res[f"ratio_{n}_sources_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+    if mode == "bucketed":  # padding: a mixture buckets within each batch, one source buckets across 64
+        res["pad_fraction"] = {("data.train" if n == 0 else f"{n}_sources"): statistics.median(
+            x["pad_fraction"] for x in runs if x["mode"] == mode and x["sources"] == n) for n in (0, 1, 3, 10)}
     out[mode] = res
 out["startup_s_10000_shards"] = {("data.train" if n == 0 else "1 source"): statistics.median(r["startup_s"] for r in many if r["sources"] == n) for n in (0, 1)}
 print(json.dumps(out))

@@ -107,7 +107,7 @@ LoaderState Loader::state() const {
   LoaderState s;
   s.version = kLoaderStateVersion;
   auto r = impl_->workers->returned();
-  s.batches = r.batches, s.cursor = r.cursor, s.mix = std::move(r.mix);
+  s.batches = r.batches, s.cursor = r.cursor, s.mix = r.mix ? r.mix->to_json() : "";
   s.fingerprint = impl_->fingerprint;
   impl_->planner->save(s);
   return s;

@@ -193,7 +193,7 @@ Plan MixPlanner::next() {
     streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
   }
   p.cursor_after = cursor_;
-  p.mix_after = st_.to_json();
+  p.mix_after = std::make_shared<const MixState>(st_);
   return p;
 }
 

@@ -65,7 +65,7 @@ class MixPlanner : public BatchPlanner {
   // DataError naming what may not change (the tokenizer, a read source removed, a source's data
   // version) unless force, which warns and drops or restarts that source.
   void restart(const LoaderState& s, bool force) override;
-  std::string mix_state() const override { return st_.to_json(); }
+  MixSnapshot mix_state() const override { return std::make_shared<const MixState>(st_); }
   uint64_t samples_per_epoch(size_t source) const { return streams_[source].n; }
 
  private:

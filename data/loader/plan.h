@@ -33,6 +33,11 @@ struct EpochTable {
   std::vector<uint64_t> start;  // order.size() + 1 prefix sums
 };
 
+// A mixture's state (mix.h) after a batch, shared and immutable: copied once per batch, turned
+// into JSON only when a loader state is taken.
+struct MixState;
+using MixSnapshot = std::shared_ptr<const MixState>;
+
 // This rank's rows of one global batch.
 struct Plan {
   struct Row {
@@ -46,7 +51,7 @@ struct Plan {
   std::vector<Row> rows;
   std::vector<std::shared_ptr<const EpochTable>> keep;  // owners of the rows' epoch tables
   std::vector<int64_t> source_tokens;  // target tokens of the whole global batch, per source
-  std::string mix_after;               // a mixture: its state after this batch (mix.h)
+  MixSnapshot mix_after;               // a mixture: its state after this batch (mix.h); null for one source
 };
 
 // What the workers plan batches with: the one-source Planner below, or the MixPlanner (mix.h).
@@ -59,9 +64,9 @@ class BatchPlanner {
   virtual void save(LoaderState& s) const = 0;
   // Plans on from s (loader.h, RESUME). force: checkpoint.force (a mixture tolerates changed sources).
   virtual void restart(const LoaderState& s, bool force) = 0;
-  // A mixture's state JSON where planning stands now ("" for one source); valid after construction
+  // A mixture's state where planning stands now (null for one source); valid after construction
   // or restart(), before next().
-  virtual std::string mix_state() const { return ""; }
+  virtual MixSnapshot mix_state() const { return nullptr; }
 };
 
 // What a shard contributes to an epoch: packed, its stream tokens; bucketed, its samples.

@@ -23,14 +23,14 @@ Workers::~Workers() { stop(); }
 
 // ---- the queue ---------------------------------------------------------------------------------
 
-void Workers::start(uint64_t batches, uint64_t cursor, const std::string& mix) {
+void Workers::start(uint64_t batches, uint64_t cursor, MixSnapshot mix) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     slots_.clear();
     history_.clear();
     planned_ = returned_ = batches;
     cursor_returned_ = cursor;
-    mix_returned_ = mix;
+    mix_returned_ = std::move(mix);
     failed_ = false;
   }
   for (int64_t i = 0; i < threads_; ++i) pool_.emplace_back([this] { work(); });

@@ -40,7 +40,7 @@ class Workers {
   // Starts the threads with an empty queue: the next batch is number `batches`, which begins at
   // stream sample `cursor` (and `mix`, the planner's mix_state()). REQUIRES: stopped; the planner
   // is at `cursor`.
-  void start(uint64_t batches, uint64_t cursor, const std::string& mix);
+  void start(uint64_t batches, uint64_t cursor, MixSnapshot mix);
   // Stops and joins the threads, also while they wait on a full queue.
   void stop();
 
@@ -51,7 +51,7 @@ class Workers {
   // Batches returned so far, the stream cursor and the mixture state after the last of them.
   struct Returned {
     uint64_t batches = 0, cursor = 0;
-    std::string mix;
+    MixSnapshot mix;
   };
   Returned returned() const;
   // returned() goes back to when `batches` had been returned (one of the last 1024); for a state
@@ -62,7 +62,7 @@ class Workers {
   struct Slot {
     bool ready = false;
     uint64_t cursor_after = 0;
-    std::string mix_after;
+    MixSnapshot mix_after;
     Batch batch;
     std::exception_ptr error;
   };
@@ -82,7 +82,7 @@ class Workers {
   std::condition_variable work_cv_, ready_cv_;
   std::map<uint64_t, Slot> slots_;  // by batch number
   uint64_t planned_ = 0, returned_ = 0, cursor_returned_ = 0;
-  std::string mix_returned_;
+  MixSnapshot mix_returned_;
   std::deque<Returned> history_;  // returned() before each of the last batches
   bool stopping_ = false, failed_ = false;
   std::vector<std::thread> pool_;

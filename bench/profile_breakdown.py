@@ -1,0 +1,95 @@
+"""Where a CPU training step's time goes, from a trainer Chrome trace (log.profile_steps).
+
+usage: /usr/bin/python3 bench/profile_breakdown.py TRACE STEPS STEP_MS FLOPS_PER_STEP ROOF_FLOPS
+  TRACE           RUN_DIR/profile/steps_A-B.rank0.trace.json (LibTorch's profiler, one event per op)
+  STEPS           steps the trace covers (B - A + 1)
+  STEP_MS         the step time measured without the profiler (its own overhead is left out)
+  FLOPS_PER_STEP  matmul FLOPs of one step (the trainer's FLOPs/token x tokens per step)
+  ROOF_FLOPS      the machine's measured SGEMM FLOP/s
+Prints one JSON object: each category's self time per step (an op's time minus the ops it calls)
+as a share of the profiled step, the matmul kernels' own FLOP/s against the roof, and the time
+no op accounts for (the trainer's own loops: AdamW, clipping, the loader hand-off).
+"""
+import collections
+import json
+import sys
+
+CATEGORIES = [  # first match wins; names are LibTorch op names without "aten::"
+    ("matmul", ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot")),
+    ("gelu", ("gelu", "gelu_backward")),
+    ("softmax", ("_softmax", "_softmax_backward_data", "softmax")),
+    ("loss", ("log_softmax", "_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
+              "nll_loss_backward", "nll_loss", "nll_loss_nd", "cross_entropy_loss")),
+    ("layer_norm", ("native_layer_norm", "native_layer_norm_backward", "layer_norm")),
+    ("embedding", ("embedding", "embedding_backward", "embedding_dense_backward", "index_select",
+                   "index_add_", "index")),
+    ("mask_dropout", ("masked_fill", "masked_fill_", "dropout", "native_dropout", "bernoulli_", "where")),
+    ("copy_layout", ("copy_", "contiguous", "clone", "empty_like", "empty", "empty_strided", "zeros",
+                     "zero_", "fill_", "select", "slice", "view", "reshape", "_reshape_alias", "as_strided",
+                     "transpose", "t", "permute", "expand", "unsqueeze", "squeeze", "split", "chunk",
+                     "narrow", "unsafe_split", "stack", "cat", "to", "_to_copy", "detach", "alias",
+                     "unbind", "resize_", "set_", "sum_to_size")),
+]
+
+
+def category(name):
+    op = name.split("::", 1)[1] if name.startswith("aten::") else None
+    if op is None:
+        return "autograd_other"  # autograd::engine nodes, record_function ranges
+    for cat, ops in CATEGORIES:
+        if op in ops:
+            return cat
+    return "elementwise_other"
+
+
+def self_times(events):
+    """Self time (us) per event name: duration minus the durations of events nested directly in it."""
+    out = collections.Counter()
+    by_tid = collections.defaultdict(list)
+    for e in events:
+        by_tid[e.get("tid")].append(e)
+    top = 0.0
+    for evs in by_tid.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [end, name, child time]
+        def pop():
+            end, name, child, dur = stack.pop()
+            out[name] += dur - child
+        for e in evs:
+            while stack and stack[-1][0] <= e["ts"]:
+                pop()
+            if stack:
+                stack[-1][2] += e["dur"]
+            else:
+                top += e["dur"]
+            stack.append([e["ts"] + e["dur"], e["name"], 0.0, e["dur"]])
+        while stack:
+            pop()
+    return out, top
+
+
+def main():
+    trace, steps, step_ms, flops, roof = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    data = json.load(open(trace))
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+    selfs, _ = self_times(events)
+    span_us = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    per_cat = collections.Counter()
+    for name, us in selfs.items():
+        per_cat[category(name)] += us
+    profiled_step_ms = span_us / 1e3 / steps
+    cat_ms = {c: us / 1e3 / steps for c, us in per_cat.items()}
+    untraced = max(0.0, profiled_step_ms - sum(cat_ms.values()) / max(1, len({e.get("tid") for e in events})))
+    mm_ms = cat_ms.get("matmul", 0.0)
+    print(json.dumps({
+        "profiled_step_ms": round(profiled_step_ms, 1), "step_ms_unprofiled": round(step_ms, 1),
+        "share_of_profiled_step": {c: round(ms / profiled_step_ms, 3) for c, ms in sorted(cat_ms.items(), key=lambda x: -x[1])},
+        "matmul_kernels_gflops": round(flops / (mm_ms / 1e3) / 1e9, 1) if mm_ms else None,
+        "matmul_kernels_over_roof": round(flops / (mm_ms / 1e3) / roof, 3) if mm_ms else None,
+        "step_over_roof": round(flops / (step_ms / 1e3) / roof, 3),
+        "top_ops_ms_per_step": {n: round(us / 1e3 / steps, 2) for n, us in selfs.most_common(12)},
+    }))
+
+
+if __name__ == "__main__":
+    main()
