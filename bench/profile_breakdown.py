@@ -7,8 +7,9 @@ usage: /usr/bin/python3 bench/profile_breakdown.py TRACE STEPS STEP_MS FLOPS_PER
   FLOPS_PER_STEP  matmul FLOPs of one step (the trainer's FLOPs/token x tokens per step)
   ROOF_FLOPS      the machine's measured SGEMM FLOP/s
 Prints one JSON object: each category's self time per step (an op's time minus the ops it calls)
-as a share of the profiled step, the matmul kernels' own FLOP/s against the roof, and the time
-no op accounts for (the trainer's own loops: AdamW, clipping, the loader hand-off).
+as a share of the profiled step (one thread runs forward and backward on CPU), the matmul
+kernels' own FLOP/s against the roof, and the time no op accounts for (the trainer's own loops:
+AdamW, clipping, zeroing; the loader hand-off).
 """
 import collections
 import json
@@ -48,7 +49,6 @@ def self_times(events):
     by_tid = collections.defaultdict(list)
     for e in events:
         by_tid[e.get("tid")].append(e)
-    top = 0.0
     for evs in by_tid.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack = []  # [end, name, child time]
@@ -60,26 +60,25 @@ def self_times(events):
                 pop()
             if stack:
                 stack[-1][2] += e["dur"]
-            else:
-                top += e["dur"]
             stack.append([e["ts"] + e["dur"], e["name"], 0.0, e["dur"]])
         while stack:
             pop()
-    return out, top
+    return out
 
 
 def main():
     trace, steps, step_ms, flops, roof = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
     data = json.load(open(trace))
     events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
-    selfs, _ = self_times(events)
+    selfs = self_times(events)
     span_us = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
     per_cat = collections.Counter()
     for name, us in selfs.items():
         per_cat[category(name)] += us
     profiled_step_ms = span_us / 1e3 / steps
     cat_ms = {c: us / 1e3 / steps for c, us in per_cat.items()}
-    untraced = max(0.0, profiled_step_ms - sum(cat_ms.values()) / max(1, len({e.get("tid") for e in events})))
+    # Time inside no op: the trainer's own loops (fused AdamW, clipping, zeroing), the loader hand-off.
+    cat_ms["no_op"] = max(0.0, profiled_step_ms - sum(cat_ms.values()))
     mm_ms = cat_ms.get("matmul", 0.0)
     print(json.dumps({
         "profiled_step_ms": round(profiled_step_ms, 1), "step_ms_unprofiled": round(step_ms, 1),

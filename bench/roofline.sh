@@ -6,6 +6,9 @@
 # trainer) and the trainer's own 1024^3 measurement at start (its CPU MFU denominator).
 # Achieved = mfu_pct x the trainer's peak = matmul FLOPs of the real tokens / step time, over the
 # second half of the steps (the first window holds the warm-up step).
+# Then where the step's time goes: a second run profiles two steps (log.profile_steps) and
+# bench/profile_breakdown.py splits them by op (self time: matmuls, GELU, softmax, loss, layer
+# norm, copies, other elementwise, time in no op) and gives the matmul kernels' own FLOP/s.
 # usage: bench/roofline.sh [--steps N] [extra trainer overrides...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,9 +33,13 @@ s1=$(sgemm)
 build/bin/trainer configs/kjv.yaml "run.dir=$WORK/run" "data.train=$WORK/data" model.vocab_size=4096 \
   "train.max_steps=$STEPS" "log.every_steps=$((STEPS / 2))" eval.batches=0 log.tensorboard=false "$@" > "$WORK/out.txt" 2>&1
 s2=$(sgemm)
-/usr/bin/python3 - "$WORK" "$s1" "$s2" <<'PY'
-import json, re, sys
-work, s1, s2 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+P=$((STEPS / 2))
+build/bin/trainer configs/kjv.yaml "run.dir=$WORK/prof" "data.train=$WORK/data" model.vocab_size=4096 \
+  "train.max_steps=$((P + 2))" "log.every_steps=$((P + 2))" eval.batches=0 log.tensorboard=false \
+  "log.profile_steps=$P-$((P + 1))" "$@" > "$WORK/prof.txt" 2>&1
+/usr/bin/python3 - "$WORK" "$s1" "$s2" "$P" <<'PY'
+import glob, json, re, subprocess, sys
+work, s1, s2, p = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 out = open(work + "/out.txt").read()
 peak = float(re.search(r"MFU against ([0-9.e+]+) TFLOP/s", out).group(1)) * 1e12
 rec = [json.loads(l) for l in open(work + "/run/metrics.jsonl") if '"kind":"train"' in l][-1]
@@ -43,5 +50,10 @@ print(json.dumps({"trainer_matmul_gflops": round(achieved / 1e9, 1), "sgemm_2048
                   "trainer_start_sgemm_1024_gflops": round(peak / 1e9, 1),
                   "achieved_over_sgemm_2048": round(achieved / roof, 3), "trainer_mfu_pct_logged": round(rec["mfu_pct"], 1),
                   "step_ms": rec["step_ms"], "tokens_per_s": rec["tokens_per_s"]}))
+flops_per_token = float(re.search(r"([0-9.e+]+) FLOPs/token", out).group(1))
+tokens_per_step = rec["tokens_per_s"] * rec["step_ms"] / 1e3
+trace = glob.glob(work + "/prof/profile/*.trace.json")[0]
+print(subprocess.run(["/usr/bin/python3", "bench/profile_breakdown.py", trace, "2", str(rec["step_ms"]),
+                      str(flops_per_token * tokens_per_step), str(roof)], check=True, capture_output=True, text=True).stdout.strip())
 PY
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
