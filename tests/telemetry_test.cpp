@@ -98,6 +98,12 @@ TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
     EXPECT_FLOAT_EQ(tb.at({"train/loss", j["step"].get<int64_t>()}), j["loss"].get<float>());
   EXPECT_TRUE(tb.count({"val/loss", 6}));
   EXPECT_TRUE(tb.count({"window/tokens_per_s_mean", 3}) || tb.count({"window/tokens_per_s_mean", 6}));
+  // What telemetry cost: the training thread's time building and enqueueing records, and the CPU
+  // time of the sink's thread (it wrote 4 train records, a val record and TensorBoard events).
+  const auto summary = read_json(run / "summary.json");
+  EXPECT_GT(summary["telemetry_ms_per_step"].get<double>(), 0.0);
+  EXPECT_GT(summary["telemetry_sink_cpu_ms_per_step"].get<double>(), 0.0);
+  EXPECT_LT(summary["telemetry_sink_cpu_ms_per_step"].get<double>(), 1e3 * summary["wall_s"].get<double>() / 12);
   // A configured peak gives an MFU number.
   TempDir run2;
   ASSERT_EQ(train(run2.path(), {"train.max_steps=2", "log.every_steps=1", "log.peak_tflops=1"}).exit_code, 0);

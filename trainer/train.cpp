@@ -423,6 +423,7 @@ class Trainer {
 
   // A window with a non-finite step logs loss NaN (null in the file; TrainLog counts it as 0).
   void log_window(double lr, double gnorm) {
+    const auto t0 = Clock::now();  // building the record counts as telemetry (record_ms_)
     const auto w = train_log_.close();
     const double loss = window_nonfinite_ ? std::nan("") : w.loss;
     window_nonfinite_ = false;
@@ -438,6 +439,7 @@ class Trainer {
     rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * w.flops_per_s / peak_flops_) : nlohmann::json(nullptr);
     if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
     source_tokens_->close(rec);
+    record_ms_ += 1e3 * seconds_since(t0);
     metrics_->write(std::move(rec));
   }
 
@@ -518,11 +520,13 @@ class Trainer {
     log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s", (long long)sum.steps,
                    sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss, sum.tokens_per_s,
                    bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
-    const double telemetry_ms = metrics_->caller_ms() / std::max<int64_t>(1, step_ - start_step_);
+    const double steps = static_cast<double>(std::max<int64_t>(1, step_ - start_step_));
+    const double telemetry_ms = (record_ms_ + metrics_->caller_ms()) / steps;
     namespace r = records;
     nlohmann::json j{{r::kSteps, sum.steps}, {r::kFirstLoss, sum.first_loss}, {r::kLastLoss, sum.last_loss},
                      {r::kValLoss, sum.val_loss}, {r::kTokensPerS, sum.tokens_per_s}, {r::kWallS, sum.wall_s},
-                     {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms}};
+                     {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms},
+                     {r::kTelemetrySinkCpuMsPerStep, metrics_->sink_cpu_ms() / steps}};
     if (bucketed) j[r::kPaddingPct] = pad_pct;
     files::write_file_atomic(run_dir::summary(cfg_.run.dir), j.dump(2) + "\n");
     return sum;
@@ -561,6 +565,7 @@ class Trainer {
   ResumePoint resume_;
   nlohmann::json long_window_;  // the sink's resumed long window, applied once the sink exists
   double load_ms_ = 0;
+  double record_ms_ = 0;  // time rank 0 spent building train records (telemetry)
   // Telemetry.
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<RunRecord> record_;

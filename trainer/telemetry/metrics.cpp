@@ -1,6 +1,8 @@
 // Metrics sinks on a background thread (see metrics.h).
 #include "trainer/telemetry/metrics.h"
 
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -156,6 +158,15 @@ void MetricsSink::flush() {
 double MetricsSink::caller_ms() const {
   std::lock_guard<std::mutex> lock(mu_);
   return caller_ms_;
+}
+
+double MetricsSink::sink_cpu_ms() const {
+  clockid_t clock;
+  timespec ts{};
+  if (pthread_getcpuclockid(const_cast<std::thread&>(thread_).native_handle(), &clock) != 0 ||
+      clock_gettime(clock, &ts) != 0)
+    return 0;
+  return 1e3 * static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
 void MetricsSink::run() {

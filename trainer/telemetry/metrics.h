@@ -48,6 +48,8 @@ class MetricsSink {
   std::string take_error();
   // Total time callers spent inside write(), in milliseconds.
   double caller_ms() const;
+  // CPU time the sink's thread has used so far (formatting, writes, flushes, TensorBoard), in ms.
+  double sink_cpu_ms() const;
   // The long window's running state (survives a resume through the checkpoint).
   nlohmann::json window_state();
   void load_window_state(const nlohmann::json& j);

@@ -72,13 +72,14 @@ constexpr const char* kMfuPctMax = "mfu_pct_max";
 constexpr const char* kSourceTokens = "source_tokens";
 constexpr const char* kSourceTokensTotal = "source_tokens_total";
 // summary.json (written once at the end): steps, first_loss, last_loss, val_loss, tokens_per_s,
-// wall_s, world_size, telemetry_ms_per_step, padding_pct (bucketed).
+// wall_s, world_size, telemetry_ms_per_step, telemetry_sink_cpu_ms_per_step, padding_pct (bucketed).
 constexpr const char* kSteps = "steps";
 constexpr const char* kFirstLoss = "first_loss";
 constexpr const char* kLastLoss = "last_loss";
 constexpr const char* kWallS = "wall_s";
 constexpr const char* kWorldSize = "world_size";
-constexpr const char* kTelemetryMsPerStep = "telemetry_ms_per_step";
+constexpr const char* kTelemetryMsPerStep = "telemetry_ms_per_step";  // training thread: building + enqueueing records
+constexpr const char* kTelemetrySinkCpuMsPerStep = "telemetry_sink_cpu_ms_per_step";  // the sink thread's CPU time
 
 // Name, unit and meaning of each numeric field a chart or table may show.
 struct Field {
