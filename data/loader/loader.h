@@ -60,8 +60,9 @@
 //   a source that was read are refused (DataError naming it) unless force.
 //
 // Threads: next(), state(), load_state() are for one consumer thread. Workers open shards through
-// mmap (file-backed pages), at most two per worker; memory is O(prefetch batches + shuffle_buffer +
-// shards), never O(dataset).
+// mmap (file-backed pages), at most 16 per worker and source (a shuffle block of small shards spans
+// many; remote datasets hold one); memory is O(prefetch batches + shuffle_buffer + shards), never
+// O(dataset).
 //
 // This is the loader's one public header. Inside, by stage: shards.h (the split's checked shards),
 // plan.h (the sample stream and each batch's rows), workers.h (threads, prefetch queue, reading

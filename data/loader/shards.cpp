@@ -9,7 +9,7 @@
 namespace lm::data {
 namespace {
 
-constexpr size_t kOpenShards = 2;  // per thread (each worker, and the planner)
+constexpr size_t kOpenShards = 16;  // per thread (each worker, and the planner); see ShardCache
 
 }  // namespace
 
