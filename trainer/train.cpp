@@ -564,8 +564,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
   ResumePoint resume_;
   nlohmann::json long_window_;  // the sink's resumed long window, applied once the sink exists
-  double load_ms_ = 0;
-  double record_ms_ = 0;  // time rank 0 spent building train records (telemetry)
+  double load_ms_ = 0, record_ms_ = 0;  // resume's load; rank 0 building train records (telemetry)
   // Telemetry.
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<RunRecord> record_;
