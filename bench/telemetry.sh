@@ -5,8 +5,8 @@
 # cancels), and the median ratio over rounds to the quietest (every 1000 steps, TensorBoard off) is
 # reported with its range. Beside it, the cost measured inside each run (summary.json): the
 # training thread's time building and enqueueing records plus the metrics sink thread's CPU time,
-# per step; on this shared 2-core machine run-to-run drift (+-15%) hides effects below a few %. Step time = tokens per step / summary.json tokens_per_s (all
-# steps but the first). Data: the King James Bible with the bytes tokenizer (model.vocab_size pads
+# per step; on this shared 2-core machine run-to-run drift (+-15%) hides effects below a few %.
+# Step time = tokens per step / summary.json tokens_per_s (all steps but the first). Data: the King James Bible with the bytes tokenizer (model.vocab_size pads
 # the vocabulary to the kjv config's 4096, so the shapes are the main job's).
 # usage: bench/telemetry.sh [--rounds R] [--tiny-steps N] [--kjv-steps N]
 set -euo pipefail
@@ -44,10 +44,7 @@ done
 /usr/bin/python3 - "$WORK/runs.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-def summary(r):
-    return json.load(open(r["dir"] + "/summary.json"))
-def step_ms(r):
-    s = summary(r)
+def step_ms(r, s):
     c = [l.split(":", 1)[1].strip() for l in open(r["dir"] + "/config.yaml") if l.strip().startswith(("seq_len:", "micro_batch_size:"))]
     return 1e3 * int(c[0]) * int(c[1]) / s["tokens_per_s"]
 out = {"window": "step time = tokens per step / summary.json tokens_per_s (every step but the first); "
@@ -58,8 +55,8 @@ for cfg in ("tiny", "kjv"):
     for r in rows:
         if r["cfg"] == cfg:
             key = (r["round"], r["every"], r["tensorboard"])
-            ms[key] = step_ms(r)
-            s = summary(r)
+            s = json.load(open(r["dir"] + "/summary.json"))
+            ms[key] = step_ms(r, s)
             direct[key] = s["telemetry_ms_per_step"] + s.get("telemetry_sink_cpu_ms_per_step", 0)
     rounds = sorted({k[0] for k in ms})
     res = {}

@@ -67,10 +67,11 @@ class ShardSet {
   size_t ahead_ = 0;
 };
 
-// The few shards one thread has open (at most 16: unmapping and mapping again cost 3-4x the
-// loader's speed on 250K-token shards, whose shuffle blocks span 16), most recently used first. The reference get()
-// returns stays valid until the second get() of another shard (remote datasets: the next get() of
-// another shard, as a miss lets go of every shard held before it waits for the cache).
+// The few shards one thread has open, most recently used first: at most 16 (with 2, unmapping and
+// mapping again cut the loader to a third on 250K-token shards, whose shuffle blocks span 16). The
+// reference get() returns stays valid until the second get() of another shard (remote datasets:
+// the next get() of another shard, as a miss lets go of every shard held before it waits for the
+// cache).
 class ShardCache {
  public:
   explicit ShardCache(const ShardSet& set) : set_(set) {}

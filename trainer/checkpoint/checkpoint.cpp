@@ -217,7 +217,8 @@ void Checkpointer::wait() {
 }
 
 void Checkpointer::wait_snapshot() {
-  if (!inflight_) return;
+  // Called every step: nothing to do once the copy is made, while the writer writes.
+  if (!inflight_ || inflight_->copied.load() == inflight_->copies.size()) return;
   const auto t0 = Clock::now();
   // Every intra-op thread is free while the training thread waits here: all of them copy.
   at::parallel_for(0, at::get_num_threads(), 1, [this](int64_t, int64_t) { inflight_->copy_some(); });

@@ -16,8 +16,8 @@
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
 // forward and backward run, in chunks taken by the writer thread (at idle priority: SCHED_IDLE)
 // and by wait_snapshot() (called by the loop before anything the snapshot covers is updated),
-// which copies what is left and returns when all is copied. At most one save is in flight. The buffer
-// is kept for the next save: host memory holds the state twice while async saves are on.
+// which copies what is left and returns when all is copied. At most one save is in flight. The
+// buffer is kept for the next save: host memory holds the state twice while async saves are on.
 // (A forked writer, as Redis' BGSAVE, was measured against this design on the same training loop
 // and stalled training longer: every page the next update writes is copied on write; see
 // bench/ckpt_stall.sh and commit 223b6ab.)
