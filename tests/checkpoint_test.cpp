@@ -9,10 +9,13 @@
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "trainer/checkpoint/state.h"
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/stall.h"
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 namespace lm {
@@ -220,6 +223,47 @@ TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
   Checkpointer strict(cfg, run.path(), 0, 1);
   test::write_text(run / "checkpoints/step_00000003.tmp", "in the way");
   EXPECT_THROW(strict.save(make_state(3, 3.0f)), Error);
+}
+
+// Writes to rank 1's completion marker (rank_1.done, or the file it is written as) slowly, so
+// that rank 0, waiting for it, polls while it is half-written.
+class SlowMarkerFs : public files::FileSystem {
+ public:
+  int open_for_write(const char* path, int* fd) override {
+    int e = FileSystem::open_for_write(path, fd);
+    if (e == 0 && std::string(path).find("rank_1.done") != std::string::npos) slow_fd_ = *fd;
+    return e;
+  }
+  int write(int fd, const void* data, size_t n, size_t* written) override {
+    if (fd == slow_fd_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    return FileSystem::write(fd, data, n, written);
+  }
+
+ private:
+  std::atomic<int> slow_fd_{-1};
+};
+
+// Two ranks save one checkpoint: rank 0 commits it once rank 1's marker is there, and never reads
+// the marker before it is whole (it did: a flaky "checkpoint failed" in a two-rank run).
+TEST(Checkpoint, TwoRanksCommitOnlyWholeMarkers) {
+  test::TempDir run;
+  SlowMarkerFs fs;
+  files::set_file_system(&fs);
+  CheckpointConfig cfg;
+  cfg.on_error = "continue";
+  cfg.commit_timeout_s = 20;
+  Checkpointer r0(cfg, run.path(), 0, 2), r1(cfg, run.path(), 1, 2);
+  std::thread other([&] { r1.save(make_state(4, 1.0f)); });
+  r0.save(make_state(4, 1.0f));
+  other.join();
+  files::set_file_system(nullptr);
+  auto r = r0.finished();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].error, "");
+  const std::string dir = run / "checkpoints/step_00000004";
+  ASSERT_EQ(Checkpointer::verify(dir), "");
+  EXPECT_EQ(names(dir), (std::vector<std::string>{"manifest.json", "model.safetensors", "optimizer.safetensors",
+                                                  "rank_0.json", "rank_1.json", "state.json"}));
 }
 
 // A checkpoint written by the previous format (version 1) is refused with one line naming it and

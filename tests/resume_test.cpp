@@ -69,6 +69,27 @@ int finish_group(std::vector<test::Proc>& procs) {
   return worst;
 }
 
+// The last lines of every rank's console output (log: start_group's) and of its log file in
+// run_dir/logs: what a failure message shows (the other ranks' errors are only there).
+std::string group_tail(const std::string& run_dir, const std::string& log, int ranks) {
+  auto tail = [](const std::string& path) {
+    const std::string t = test::read_text(path);
+    size_t at = t.size();
+    for (int n = 0; n < 25 && at > 0; ++n) {
+      const size_t nl = t.rfind('\n', at - 1);
+      at = nl == std::string::npos ? 0 : nl;
+    }
+    return t.substr(at);
+  };
+  std::string out;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string rs = std::to_string(r);
+    out += "\n--- rank " + rs + " output:" + tail(log + ".rank" + rs);
+    out += "\n--- rank " + rs + " log file:" + tail(run_dir + "/logs/rank_" + rs + ".log");
+  }
+  return out;
+}
+
 std::map<int64_t, double> losses(const std::string& run_dir) {
   std::map<int64_t, double> out;
   for (auto& line : test::metrics_of_kind(run_dir + "/metrics.jsonl", "train")) {
@@ -82,7 +103,7 @@ std::map<int64_t, double> losses(const std::string& run_dir) {
 void expect_exact_resume(const std::string& data, const std::vector<std::string>& extra, int ranks = 1) {
   TempDir a, b;
   auto base = start_group(args_for(data, a.path(), extra), ranks, a / "out");
-  ASSERT_EQ(finish_group(base), 0) << test::read_text(a / "out.rank0");
+  ASSERT_EQ(finish_group(base), 0) << group_tail(a.path(), a / "out", ranks);
   const auto want = losses(a.path());
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
 
@@ -91,7 +112,7 @@ void expect_exact_resume(const std::string& data, const std::vector<std::string>
   // 1: killed right after step 7 was logged (between steps or early in step 8).
   auto g = start_group(args, ranks, b / "out1");
   ASSERT_TRUE(test::wait_until(g[0], [&] { return test::last_train_step(metrics) >= 7; }))
-      << test::read_text(b / "out1.rank0");
+      << group_tail(b.path(), b / "out1", ranks);
   kill_group(g);
   // 2: resumes from step 5, then is killed while writing the step-15 checkpoint.
   g = start_group(args, ranks, b / "out2", {"LM_FAULT_KILL_IN_SAVE=15"});
@@ -107,12 +128,12 @@ void expect_exact_resume(const std::string& data, const std::vector<std::string>
   // 3: resumes from step 10 (15 never committed); killed mid-run a few steps later.
   g = start_group(args, ranks, b / "out3");
   ASSERT_TRUE(test::wait_until(g[0], [&] { return test::last_train_step(metrics) >= 18; }))
-      << test::read_text(b / "out3.rank0");
+      << group_tail(b.path(), b / "out3", ranks);
   ::usleep(3000);
   kill_group(g);
   // 4: runs to the end.
   g = start_group(args, ranks, b / "out4");
-  ASSERT_EQ(finish_group(g), 0) << test::read_text(b / "out4.rank0");
+  ASSERT_EQ(finish_group(g), 0) << group_tail(b.path(), b / "out4", ranks);
 
   const auto got = losses(b.path());
   ASSERT_EQ(got.size(), want.size());

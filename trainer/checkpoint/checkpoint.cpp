@@ -104,8 +104,11 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
       mine.push_back({{"name", wf.name}, {"bytes", wf.bytes}, {"xxh64", hex64(wf.xxh64)}});
       if (kill && i == 0) ::raise(SIGKILL);
     }
-    files::FilePlan done{"rank_" + std::to_string(rank) + ".done", mine.dump(), {}};
-    if (auto err = files::write_plan(tmp, done, nullptr); !err.empty()) return err;
+    // The marker appears whole or not at all (written aside, then renamed): rank 0 reads it as
+    // soon as it exists.
+    const std::string marker = "rank_" + std::to_string(rank) + ".done";
+    if (auto err = files::write_plan(tmp, {marker + ".part", mine.dump(), {}}, nullptr); !err.empty()) return err;
+    if (auto err = files::try_rename(tmp + "/" + marker + ".part", tmp + "/" + marker); !err.empty()) return err;
     if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
     if (rank != 0) return "";
     // Rank 0: wait for every rank's files, then the manifest, then the rename.
@@ -118,7 +121,9 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
           return marker + ": rank " + std::to_string(r) + " did not finish its checkpoint files in time";
         ::usleep(20000);
       }
-      for (auto& f : nlohmann::json::parse(files::read_file(marker))) files.push_back(f);
+      const auto got = nlohmann::json::parse(files::read_file(marker), nullptr, false);
+      if (!got.is_array()) return marker + ": not a list of files (damaged)";
+      for (auto& f : got) files.push_back(f);
     }
     std::sort(files.begin(), files.end(), [](auto& a, auto& b) { return a["name"] < b["name"]; });
     nlohmann::json manifest = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion},
