@@ -17,8 +17,8 @@ namespace lm::files {
 // The file-system calls every write path goes through (atomic files, write plans, directory
 // fsyncs, the checkpoint commit rename), as leveldb's Env: the production implementation is plain
 // POSIX; tests install their own (set_file_system) to inject ENOSPC, EIO, short writes, failed
-// fsync or rename. Each method returns 0 or an errno value; none throws or allocates, so they are
-// also safe in a forked child (the async checkpoint writer).
+// fsync or rename. Each method returns 0 or an errno value and none throws (the async checkpoint
+// writer thread calls them).
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -26,6 +26,9 @@ class FileSystem {
   virtual int open_for_write(const char* path, int* fd);
   // Writes up to n bytes; *written gets how many (a short write is not an error here).
   virtual int write(int fd, const void* data, size_t n, size_t* written);
+  // Turns direct I/O (O_DIRECT: no page cache; writes aligned to 4096 bytes) on or off for fd.
+  virtual int set_direct(int fd, bool on);
+  virtual int truncate(int fd, uint64_t size);  // ftruncate
   virtual int sync(int fd);       // fsync of a file
   virtual int close(int fd);
   virtual int rename(const char* from, const char* to);
@@ -67,8 +70,8 @@ class AtomicFile {
 };
 
 // A file described as a head string followed by byte spans (e.g. a safetensors header and tensor
-// data). write_plan() writes it without throwing or allocating per span, so it is also safe in a
-// forked child (the async checkpoint writer).
+// data). write_plan() writes it without throwing; files of 1 MB or more with direct I/O through an
+// aligned buffer where the file system supports it (no page-cache copy), else buffered.
 struct Span {
   const void* data;
   size_t size;
@@ -91,7 +94,7 @@ std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile
 // fsync a directory so a rename inside it is durable. Throws lm::Error naming the directory when it
 // cannot be opened or synced (EINVAL, a file system without directory fsync, is not an error).
 void fsync_dir(const std::string& dir);
-// "" or why fsync_dir(dir) failed; for callers that must not throw (a forked writer).
+// "" or why fsync_dir(dir) failed; for callers that must not throw (the async checkpoint writer).
 std::string try_fsync_dir(const std::string& dir);
 // Renames `from` to `to` through the file system in use; "" or the error naming both.
 std::string try_rename(const std::string& from, const std::string& to);

@@ -2,12 +2,16 @@
 // that makes them durable, and a failure at any call leaves the previous file intact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "tests/testutil.h"
@@ -21,8 +25,16 @@ class RecordingFs : public files::FileSystem {
   std::vector<std::string> calls;
   std::string fail_at;
   int error = EIO;
+  size_t count(const std::string& name) const { return std::count(calls.begin(), calls.end(), name); }
   int open_for_write(const char* path, int* fd) override { return hit("open", [&] { return FileSystem::open_for_write(path, fd); }); }
-  int write(int fd, const void* d, size_t n, size_t* w) override { return hit("write", [&] { return FileSystem::write(fd, d, n, w); }); }
+  int write(int fd, const void* d, size_t n, size_t* w) override {
+    write_ptrs.push_back(d);
+    return hit("write", [&] { return FileSystem::write(fd, d, short_writes && n > 1 ? n / 2 + 1 : n, w); });
+  }
+  std::vector<const void*> write_ptrs;  // the memory each write() was given
+  bool short_writes = false;  // each write takes a little over half of what it is given
+  int set_direct(int fd, bool on) override { return hit("set_direct", [&] { return FileSystem::set_direct(fd, on); }); }
+  int truncate(int fd, uint64_t n) override { return hit("truncate", [&] { return FileSystem::truncate(fd, n); }); }
   int sync(int fd) override { return hit("sync", [&] { return FileSystem::sync(fd); }); }
   int close(int fd) override { return hit("close", [&] { return FileSystem::close(fd); }); }
   int rename(const char* a, const char* b) override { return hit("rename", [&] { return FileSystem::rename(a, b); }); }
@@ -102,6 +114,57 @@ TEST(Files, WritePlanReportsShortAndFailedWrites) {
   const std::string err = files::write_plan(dir.path(), plan, nullptr);
   EXPECT_NE(err.find("p.bin"), std::string::npos) << err;
   EXPECT_NE(err.find(std::strerror(EIO)), std::string::npos) << err;
+}
+
+// Files of 1 MB or more are written with direct I/O (sizes that are not a multiple of the block:
+// padded, then cut), and fall back to buffered writes when direct I/O is refused, up front or after
+// an unaligned short write; the bytes and their checksum are the same every way.
+TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
+  std::string big((3 << 20) + 4099, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 31 + i / 7);
+  const files::FilePlan plan{"p.bin", "head", {{big.data(), 1000}, {big.data() + 1000, big.size() - 1000}}};
+  const std::string want = "head" + big;
+  struct Case {
+    const char* name;
+    std::string fail_at;
+    bool short_writes;
+    size_t set_direct_calls, truncates;
+  };
+  for (const Case& c : {Case{"direct", "", false, 1, 1}, Case{"direct, then short writes", "", true, 2, 1},
+                        Case{"refused", "set_direct", false, 1, 0}}) {
+    test::TempDir dir;
+    RecordingFs fs;
+    fs.fail_at = c.fail_at;
+    fs.error = EINVAL;
+    fs.short_writes = c.short_writes;
+    Installed use(&fs);
+    files::WrittenFile wf;
+    ASSERT_EQ(files::write_plan(dir.path(), plan, &wf), "") << c.name;
+    EXPECT_EQ(test::read_text(dir / "p.bin"), want) << c.name;
+    EXPECT_EQ(wf.bytes, want.size()) << c.name;
+    EXPECT_EQ(wf.xxh64, xxh64(want.data(), want.size())) << c.name;
+    EXPECT_EQ(fs.count("set_direct"), c.set_direct_calls) << c.name;
+    EXPECT_EQ(fs.count("truncate"), c.truncates) << c.name;
+  }
+  {  // a 4096-aligned span (a staged checkpoint image): written from its own memory, tail padded
+    std::unique_ptr<char, decltype(&std::free)> mem(static_cast<char*>(std::aligned_alloc(4096, big.size() + 4096)), &std::free);
+    std::memcpy(mem.get(), want.data(), want.size());
+    test::TempDir dir;
+    RecordingFs fs;
+    Installed use(&fs);
+    files::WrittenFile wf;
+    ASSERT_EQ(files::write_plan(dir.path(), {"a.bin", "", {{mem.get(), want.size()}}}, &wf), "");
+    EXPECT_EQ(test::read_text(dir / "a.bin"), want);
+    EXPECT_EQ(wf.xxh64, xxh64(want.data(), want.size()));
+    ASSERT_FALSE(fs.write_ptrs.empty());
+    EXPECT_EQ(fs.write_ptrs.front(), mem.get()) << "copied through the bounce buffer";
+    EXPECT_EQ(fs.count("truncate"), 1u);
+  }
+  RecordingFs fs;  // small files: buffered, no direct I/O asked for
+  Installed use(&fs);
+  test::TempDir dir;
+  ASSERT_EQ(files::write_plan(dir.path(), {"s.json", "{}", {}}, nullptr), "");
+  EXPECT_EQ(fs.count("set_direct"), 0u);
 }
 
 }  // namespace

@@ -152,47 +152,17 @@ void set_idle_priority() {
 
 }  // namespace
 
-// The save in flight: the writer thread, the staging copies made first, and its outcome.
-// The copies are cut into chunks that the writer thread (at idle priority, so it only takes CPU
-// time training leaves free) and the training thread's wait_snapshot() both claim, so whatever
-// is not copied by the next update is copied by the thread that waits for it.
+// The save in flight: the writer thread, the staging copies it makes first, and its outcome.
+// The copies are claimed by the writer thread (at idle priority, so it only takes CPU time
+// training leaves free) and by the training thread's wait_snapshot(), so whatever is not copied
+// by the next update is copied by the thread that waits for it.
 struct Checkpointer::InFlight {
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t n;
-  };
   std::thread thread;
-  std::vector<torch::Tensor> keep;  // the sources of `copies` and the buffer views the plans use
-  std::vector<Copy> copies;         // CPU state into the buffer, in chunks of at most kCopyChunk
-  std::atomic<size_t> next{0};      // the next chunk to claim
-  std::atomic<size_t> copied{0};    // chunks finished
-  std::mutex mu;
-  std::condition_variable cv;       // notified when the last chunk is finished
+  std::vector<torch::Tensor> keep;  // the copies' sources and the staging buffer
+  ChunkedCopy copies;               // host state into the staging buffer
   std::atomic<bool> done{false};    // the writer finished; report.error and write_ms are set
   SaveReport report;
   double fence_s = 0;               // time wait_snapshot() waited for (or made) the copies
-
-  static constexpr size_t kCopyChunk = size_t{4} << 20;
-  void add_copy(void* dst, const void* src, size_t n) {
-    for (size_t o = 0; o < n; o += kCopyChunk)
-      copies.push_back({static_cast<char*>(dst) + o, static_cast<const char*>(src) + o, std::min(kCopyChunk, n - o)});
-  }
-  // Claims and copies chunks until none is left to claim.
-  void copy_some() {
-    for (size_t i; (i = next.fetch_add(1)) < copies.size();) {
-      std::memcpy(copies[i].dst, copies[i].src, copies[i].n);
-      if (copied.fetch_add(1) + 1 == copies.size()) {
-        std::lock_guard<std::mutex> lock(mu);
-        cv.notify_all();
-      }
-    }
-  }
-  // Returns once every chunk is copied (by any thread).
-  void wait_copied() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [this] { return copied.load() == copies.size(); });
-  }
 };
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
@@ -223,11 +193,11 @@ void Checkpointer::wait() {
 
 void Checkpointer::wait_snapshot() {
   // Called every step: nothing to do once the copy is made, while the writer writes.
-  if (!inflight_ || inflight_->copied.load() == inflight_->copies.size()) return;
+  if (!inflight_ || inflight_->copies.done()) return;
   const auto t0 = Clock::now();
   // Every intra-op thread is free while the training thread waits here: all of them copy.
-  at::parallel_for(0, at::get_num_threads(), 1, [this](int64_t, int64_t) { inflight_->copy_some(); });
-  inflight_->wait_copied();
+  at::parallel_for(0, at::get_num_threads(), 1, [this](int64_t, int64_t) { inflight_->copies.copy_some(); });
+  inflight_->copies.wait();
   inflight_->fence_s += ms_since(t0) / 1e3;
 }
 
@@ -280,22 +250,33 @@ double plans_mb(const std::vector<files::FilePlan>& plans) {
   return mb;
 }
 
-int64_t aligned64(int64_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
-// This rank's files, as plans pointing into tensor memory (kept alive through *keep).
-std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep) {
+// This rank's files as write plans. Sync (f null): the tensor files' spans point into the state's
+// own memory (kept alive through *keep). Async: they are images in the staging buffer, filled by
+// f->copies (staging.h).
+std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep,
+                                                      InFlight* f) {
   std::vector<files::FilePlan> plans;
   if (rank_ == 0) {
+    const std::map<std::string, std::string> meta = {{"format", "pt"}};
     nlohmann::json values = nlohmann::json::object(), tensor_files = nlohmann::json::object();
+    TensorFiles tfiles;
     for (auto& [key, c] : st.replicated) {
       values[key] = c.values;
       if (c.tensors.empty()) continue;
-      auto tp = plan_safetensors(key + ".safetensors", c.tensors, {{"format", "pt"}});
-      keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
-      tensor_files[key] = tp.plan.name;
-      plans.push_back(std::move(tp.plan));
+      tensor_files[key] = key + ".safetensors";
+      tfiles.emplace_back(key + ".safetensors", c.tensors);
+    }
+    if (f) {
+      plans = staging_.stage(tfiles, meta, &f->copies, keep);
+    } else {
+      for (auto& [name, tensors] : tfiles) {
+        auto tp = plan_safetensors(name, tensors, meta);
+        keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
+        plans.push_back(std::move(tp.plan));
+      }
     }
     nlohmann::json state = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion}, {"step", st.step},
                             {"world_size", world_}, {"run", st.run}, {"components", values},
@@ -312,36 +293,6 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
   return plans;
 }
 
-// `st` with every tensor replaced by its view in the staging buffer (grown when too small, pinned
-// when any tensor is on a CUDA device). Device tensors are copied now; CPU tensors are listed in
-// f->copies for the writer thread (their memory is read before the next update, see wait_snapshot).
-CheckpointState Checkpointer::stage(const CheckpointState& st, InFlight* f) {
-  int64_t total = 0;
-  bool cuda = false;
-  for (auto& [key, c] : st.replicated)
-    for (auto& [n, t] : c.tensors) total += aligned64(t.numel() * t.element_size()), cuda |= t.is_cuda();
-  if (!buffer_.defined() || buffer_.numel() < total || (cuda && !buffer_.is_pinned()))
-    buffer_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(cuda));
-  CheckpointState out = st;
-  int64_t off = 0;
-  for (auto& [key, c] : out.replicated)
-    for (auto& [n, t] : c.tensors) {
-      const int64_t bytes = t.numel() * t.element_size();
-      torch::Tensor view = buffer_.narrow(0, off, bytes).view(t.scalar_type()).view(t.sizes());
-      if (t.is_cuda()) {
-        view.copy_(t.detach());  // synchronous device-to-host into pinned memory
-      } else {
-        torch::Tensor src = t.detach().contiguous();
-        f->add_copy(view.data_ptr(), src.data_ptr(), static_cast<size_t>(bytes));
-        f->keep.push_back(src);
-      }
-      f->keep.push_back(view);
-      t = view;
-      off += aligned64(bytes);
-    }
-  return out;
-}
-
 void Checkpointer::save(const CheckpointState& st) {
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
@@ -351,7 +302,7 @@ void Checkpointer::save(const CheckpointState& st) {
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
   if (!cfg_.async) {
     std::vector<torch::Tensor> keep;
-    const auto plans = plan_files(st, &keep);
+    const auto plans = plan_files(st, &keep, nullptr);
     const double mb = plans_mb(plans);
     interval_.set_state_mb(mb);
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
@@ -361,8 +312,7 @@ void Checkpointer::save(const CheckpointState& st) {
     return;
   }
   auto f = std::make_unique<InFlight>();
-  const CheckpointState staged = stage(st, f.get());
-  auto plans = plan_files(staged, &f->keep);
+  auto plans = plan_files(st, &f->keep, f.get());
   const double mb = plans_mb(plans);
   interval_.set_state_mb(mb);
   f->report = {st.step, dir, true, 0, 0, 0, mb, ""};
@@ -370,9 +320,10 @@ void Checkpointer::save(const CheckpointState& st) {
   inflight_ = std::move(f);
   fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
     const auto w0 = Clock::now();
+    pthread_setname_np(pthread_self(), "ckpt-writer");  // as top and perf show it
     set_idle_priority();
-    fl->copy_some();
-    fl->wait_copied();
+    fl->copies.copy_some();
+    fl->copies.wait();
     fl->report.error = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     fl->report.write_ms = ms_since(w0);
     fl->done.store(true);

@@ -7,12 +7,13 @@
 //   manifest.json      magic, version, every file with bytes and xxh64                  rank 0, LAST
 // What goes into the files is composed by component (trainer/checkpoint/state.h).
 // Files are written into "step_<N>.tmp", fsync'd; rank 0 waits until every rank has finished its
-// files (rank_<r>.done markers on the shared file system), writes manifest.json, renames the
+// files (rank_<r>.done markers on the shared file system, each renamed into place whole), writes manifest.json, renames the
 // directory into place and fsyncs the parent. A directory without a verifying manifest is never a
 // checkpoint.
 //
-// Async saves stage the tensors into one reusable host buffer (pinned when they live on a CUDA
-// device) and a writer thread writes the prepared plans from it with plain open/write/fsync/rename.
+// Async saves stage the tensor files as images in one reusable host buffer (staging.h; pinned when
+// the tensors live on a CUDA device) and a writer thread writes them from there (direct I/O where
+// the file system takes it: common/files.h, write_plan).
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
 // forward and backward run, in chunks taken by the writer thread (at idle priority: SCHED_IDLE)
 // and by wait_snapshot() (called by the loop before anything the snapshot covers is updated),
@@ -54,6 +55,7 @@
 #include "trainer/checkpoint/checkpoint_config.h"
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/stall.h"
+#include "trainer/checkpoint/staging.h"
 #include "trainer/checkpoint/state.h"
 
 namespace lm {
@@ -120,8 +122,7 @@ class Checkpointer {
 
  private:
   struct InFlight;
-  std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep);
-  CheckpointState stage(const CheckpointState& st, InFlight* f);
+  std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep, InFlight* f);
   void settle(double fence_fallback_s);
   void record(SaveReport r);
   void prune();
@@ -133,7 +134,7 @@ class Checkpointer {
   int rank_, world_;
   std::unique_ptr<InFlight> inflight_;
   std::vector<SaveReport> done_;
-  torch::Tensor buffer_;  // the reusable staging buffer (uint8, host; pinned for CUDA state)
+  StagingBuffer staging_;  // the async saves' snapshot, kept between saves
   StallMeter stall_;
   std::mutex mu_;
   std::set<int64_t> verified_;  // steps known to verify: committed or loaded here (guarded by mu_)

@@ -35,30 +35,41 @@ std::string dtype_name(torch::ScalarType t) {
 
 }  // namespace
 
-SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors_in,
-                                 const std::map<std::string, std::string>& metadata) {
-  NamedTensors tensors = tensors_in;
-  std::sort(tensors.begin(), tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
+SafetensorsLayout safetensors_layout(const NamedTensors& tensors_in, const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout out;
+  out.tensors = tensors_in;
+  std::sort(out.tensors.begin(), out.tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  SafetensorsPlan out;
-  out.plan.name = name;
   uint64_t off = 0;
-  for (auto& [tname, t] : tensors) {
-    auto c = t.detach().to(torch::kCPU).contiguous();
-    uint64_t nbytes = c.numel() * c.element_size();
-    header[tname] = {{"dtype", dtype_name(c.scalar_type())},
-                     {"shape", c.sizes().vec()},
+  for (auto& [tname, t] : out.tensors) {
+    t = t.detach().contiguous();
+    const uint64_t nbytes = t.numel() * t.element_size();
+    header[tname] = {{"dtype", dtype_name(t.scalar_type())},
+                     {"shape", t.sizes().vec()},
                      {"data_offsets", {off, off + nbytes}}};
     off += nbytes;
-    out.plan.spans.push_back({c.data_ptr(), nbytes});
-    out.keep.push_back(c);
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
-  uint64_t hlen = h.size();
-  out.plan.head.assign(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
-  out.plan.head += h;
+  const uint64_t hlen = h.size();
+  out.head.assign(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
+  out.head += h;
+  out.data_bytes = off;
+  return out;
+}
+
+SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout layout = safetensors_layout(tensors, metadata);
+  SafetensorsPlan out;
+  out.plan.name = name;
+  out.plan.head = std::move(layout.head);
+  for (auto& [tname, t] : layout.tensors) {
+    auto c = t.to(torch::kCPU);
+    out.plan.spans.push_back({c.data_ptr(), static_cast<size_t>(c.numel() * c.element_size())});
+    out.keep.push_back(c);
+  }
   return out;
 }
 

@@ -19,6 +19,16 @@ namespace lm {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+// The file's layout: its head (8-byte header length + JSON header) and its tensors in file order
+// (sorted by name, contiguous, on their own device), data_bytes of them after the head.
+struct SafetensorsLayout {
+  std::string head;
+  NamedTensors tensors;
+  uint64_t data_bytes = 0;
+  uint64_t size() const { return head.size() + data_bytes; }
+};
+SafetensorsLayout safetensors_layout(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+
 // The file as a write plan (head = length + JSON header, spans = tensor bytes), for writers that
 // stream it themselves (checkpoints). `keep` holds the CPU-contiguous tensors the spans point into:
 // views of the originals when those already are (no copy), so the spans see later in-place updates.
