@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +14,7 @@
 #include "trainer/checkpoint/state.h"
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/stall.h"
+#include "trainer/checkpoint/staging.h"
 
 #include <atomic>
 #include <chrono>
@@ -223,6 +225,27 @@ TEST(Checkpoint, FailedSaveKeepsEarlierCheckpoints) {
   Checkpointer strict(cfg, run.path(), 0, 1);
   test::write_text(run / "checkpoints/step_00000003.tmp", "in the way");
   EXPECT_THROW(strict.save(make_state(3, 3.0f)), Error);
+}
+
+// The staging copies are exact at every alignment and size (they use non-temporal stores with a
+// copied head and tail), whichever threads claim the chunks.
+TEST(Checkpoint, StagingCopiesAreExactAtAnyAlignment) {
+  std::vector<char> src((9 << 20) + 300), dst(src.size() + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 131 + i / 251);
+  for (size_t dst_off : {0, 1, 7, 16, 33}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{63}, size_t{64}, size_t{1000}, src.size() - 17}) {
+      std::fill(dst.begin(), dst.end(), 0);
+      ChunkedCopy copy;
+      copy.add(dst.data() + dst_off, src.data() + 17 * (n < src.size() - 17), n);
+      std::thread other([&] { copy.copy_some(); });
+      copy.copy_some();
+      other.join();
+      copy.wait();
+      ASSERT_TRUE(copy.done());
+      EXPECT_EQ(std::memcmp(dst.data() + dst_off, src.data() + 17 * (n < src.size() - 17), n), 0) << dst_off << " " << n;
+      EXPECT_EQ(dst[dst_off + n], 0) << "wrote past the end: " << dst_off << " " << n;
+    }
+  }
 }
 
 // Writes to rank 1's completion marker (rank_1.done, or the file it is written as) slowly, so

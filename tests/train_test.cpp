@@ -165,7 +165,9 @@ TEST_F(TrainE2E, MfuIsMatmulFlopsOverStepTimeAgainstThePeak) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("SGEMM peak measured at start on this machine"), std::string::npos) << r.out;
   for (auto& j : read_jsonl(cpu / "metrics.jsonl"))
-    if (j["kind"] == "train") EXPECT_GT(j["mfu_pct"].get<double>(), 0.0) << j.dump();
+    if (j["kind"] == "train") {
+      EXPECT_GT(j["mfu_pct"].get<double>(), 0.0) << j.dump();
+    }
 }
 
 // README's recipe reruns a sweep-named run (with '=' in its directory) started with one thread per
@@ -183,7 +185,9 @@ TEST_F(TrainE2E, ReadmeRecipeReproducesASweepRunFromMetaJson) {
   ASSERT_TRUE(meta.contains("numerics")) << meta.dump();
   EXPECT_EQ(meta["numerics"]["env"]["OPENBLAS_NUM_THREADS"], "1");
   EXPECT_EQ(meta["numerics"]["torch_intra_op_threads"], 1);
-  if (!meta["numerics"]["openblas"].is_null()) EXPECT_EQ(meta["numerics"]["openblas"]["threads"], 1);
+  if (!meta["numerics"]["openblas"].is_null()) {
+    EXPECT_EQ(meta["numerics"]["openblas"]["threads"], 1);
+  }
   // The README's line, verbatim but for the paths, from a shell without those variables.
   test::write_text(root / "recipe.sh", R"SH(RUN=$1 NEW=$2
 env $(jq -r '.numerics.env | to_entries[] | "\(.key)=\(.value)"' "$RUN/meta.json") \

