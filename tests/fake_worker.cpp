@@ -11,6 +11,9 @@
 //   --exit-code C         fail by exiting with C (default 1)
 //   --signal S            fail by killing itself with signal number S instead
 //   --fail-after S        seconds to wait before failing (default 0)
+//   --up-dir D            touch D/up.<attempt>.<rank> once the signal handlers are in place
+//   --wait-up N           before failing, wait (at most 60 s) until ranks 0..N-1 of this attempt
+//                         are up in --up-dir (so a test's SIGTERM finds their handlers installed)
 //   --sleep S             seconds to sleep before exiting 0 (ranks that do not fail)
 //   --sleep-attempt A     ... on attempt A only (-1: every attempt, the default)
 //   --ignore-term         ignore SIGTERM and SIGINT
@@ -21,6 +24,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
   bool print_env = false, do_connect = false, ignore_term = false;
   int lines = 0, fail_rank = -2, fail_attempt = -1, exit_code = 1, sig = 0, sleep_attempt = -1, ignore_rank = -1;
   double sleep_s = 0, fail_after_s = 0;
+  std::string up_dir;
+  int wait_up = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -100,6 +106,8 @@ int main(int argc, char** argv) {
     else if (a == "--fail-after") fail_after_s = std::atof(next());
     else if (a == "--sleep-attempt") sleep_attempt = std::atoi(next());
     else if (a == "--ignore-rank") ignore_rank = std::atoi(next());
+    else if (a == "--up-dir") up_dir = next();
+    else if (a == "--wait-up") wait_up = std::atoi(next());
     else {
       std::fprintf(stderr, "fake_worker: unknown argument %s\n", a.c_str());
       return 64;
@@ -125,9 +133,18 @@ int main(int argc, char** argv) {
   if (do_connect) std::printf("connect %s\n", connect_master() ? "ok" : "failed");
   for (int i = 1; i <= lines; ++i) std::printf("line %d\n", i);
   std::fflush(stdout);
+  auto up_file = [&](int rank) { return up_dir + "/up." + std::to_string(attempt) + "." + std::to_string(rank); };
+  if (!up_dir.empty()) {
+    ::mkdir(up_dir.c_str(), 0755);
+    std::fclose(std::fopen(up_file(g_rank).c_str(), "w"));
+  }
 
   bool this_attempt = fail_attempt == -1 || fail_attempt == attempt;
   if (this_attempt && (fail_rank == -1 || fail_rank == g_rank)) {
+    for (int r = 0, tries = 0; r < wait_up && tries < 6000; ++tries) {
+      if (::access(up_file(r).c_str(), F_OK) == 0) ++r;
+      else ::usleep(10000);
+    }
     sleep_for(fail_after_s);
     if (sig) {
       ::signal(sig, SIG_DFL);

@@ -226,10 +226,12 @@ TEST(Launch, OutputPrefixedAndLoggedPerRank) {
 TEST(Launch, FailedWorkerRestartsGroupThenSucceeds) {
   TempDir tmp;
   auto t0 = Clock::now();
-  // Attempt 0: rank 1 exits 3 while rank 0 sleeps 30 s (stopped with SIGTERM); attempt 1 succeeds.
+  // Attempt 0: rank 1 exits 3 once rank 0 is up, while rank 0 sleeps 30 s (stopped with SIGTERM);
+  // attempt 1 succeeds.
   auto r = launch({"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--run-id", "rs", "--log-dir",
                    tmp / "logs", "--grace-period", "5", "--", kWorker, "--print-env", "--fail-rank", "1",
-                   "--fail-attempt", "0", "--exit-code", "3", "--sleep", "30", "--sleep-attempt", "0"});
+                   "--fail-attempt", "0", "--exit-code", "3", "--sleep", "30", "--sleep-attempt", "0", "--up-dir",
+                   tmp / "up", "--wait-up", "2"});
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_LT(secs, 20) << "the sleeping rank was not stopped";
@@ -417,10 +419,11 @@ TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
 
 TEST(Launch, TwoNodesFailureOnOneRestartsBoth) {
   TempDir tmp;
-  // Attempt 0: rank 3 (node 1) exits 5; the others sleep 30 s and must be stopped on both nodes.
+  // Attempt 0: rank 3 (node 1) exits 5 once all 4 are up; the others sleep 30 s and must be
+  // stopped on both nodes.
   auto t = run_two_nodes(tmp, "fail", {"--nproc-per-node", "2", "--max-restarts", "1"},
                          {kWorker, "--print-env", "--fail-rank", "3", "--fail-attempt", "0", "--exit-code", "5",
-                          "--sleep", "30", "--sleep-attempt", "0"});
+                          "--sleep", "30", "--sleep-attempt", "0", "--up-dir", tmp / "up", "--wait-up", "4"});
   ASSERT_EQ(t.code[0], 0) << t.out[0];
   ASSERT_EQ(t.code[1], 0) << t.out[1];
   for (int k = 0; k < 2; ++k) {
