@@ -171,9 +171,9 @@ uint64_t FilePlan::size() const {
 
 namespace {
 
-// Streams a plan's bytes into an open file and hashes them. Large files are written with O_DIRECT
-// where the file system takes it, from the plan's memory when it is aligned, else through an
-// aligned bounce buffer: the data goes from memory to the disk, with no copy into the page cache
+// Streams a plan's bytes into an open file and hashes them. Large files whose bytes start at an
+// aligned address are written with O_DIRECT where the file system takes it, from the plan's memory
+// (an unaligned rest through an aligned bounce buffer): the data goes from memory to the disk, with no copy into the page cache
 // and no writeback of dirty pages (measured here, dd of 1.5 GB: 2.6 s of kernel CPU buffered,
 // 0.4 s direct, at the same disk speed; that CPU is what an async save takes from training).
 // Otherwise, buffered, with writeback started every 32 MB.
@@ -184,9 +184,12 @@ class PlanWriter {
   static constexpr size_t kBlock = 4096;                    // direct I/O alignment
   static constexpr uint64_t kDirectMin = uint64_t{1} << 20;  // smaller files: buffered
 
-  PlanWriter(FileSystem& fs, int fd, uint64_t size) : fs_(fs), fd_(fd) {
+  // aligned: the plan's bytes start at a kBlock-aligned address (a staged image); others are
+  // written buffered (through the bounce buffer, direct I/O waits for each copy: measured 6%
+  // slower for a synchronous save of 1.5 GB).
+  PlanWriter(FileSystem& fs, int fd, uint64_t size, bool aligned) : fs_(fs), fd_(fd) {
     XXH64_reset(&st_, 0);
-    if (size < kDirectMin || fs_.set_direct(fd_, true) != 0) return;
+    if (size < kDirectMin || !aligned || fs_.set_direct(fd_, true) != 0) return;
     buf_ = static_cast<char*>(std::aligned_alloc(kBlock, kBounce));
     direct_ = buf_ != nullptr;
     if (!direct_) fs_.set_direct(fd_, false);
@@ -281,7 +284,9 @@ std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile
   int err_no = 0;
   uint64_t digest = 0;
   {
-    PlanWriter w(fs, fd, size);
+    const bool aligned = plan.head.empty() && !plan.spans.empty() &&
+                         reinterpret_cast<uintptr_t>(plan.spans[0].data) % PlanWriter::kBlock == 0;
+    PlanWriter w(fs, fd, size, aligned);
     bool ok = w.put(plan.head.data(), plan.head.size());
     for (size_t i = 0; ok && i < plan.spans.size(); ++i) ok = w.put(plan.spans[i].data, plan.spans[i].size);
     ok = ok && w.finish(size);

@@ -70,8 +70,10 @@ class AtomicFile {
 };
 
 // A file described as a head string followed by byte spans (e.g. a safetensors header and tensor
-// data). write_plan() writes it without throwing; files of 1 MB or more with direct I/O through an
-// aligned buffer where the file system supports it (no page-cache copy), else buffered.
+// data). write_plan() writes it without throwing. A file of 1 MB or more with no head whose first
+// span starts 4096-byte aligned (an image staged for it: trainer/checkpoint/staging.h) is written
+// with direct I/O from that memory where the file system supports it (no page-cache copy); others
+// buffered.
 struct Span {
   const void* data;
   size_t size;
