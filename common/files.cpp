@@ -185,8 +185,8 @@ class PlanWriter {
   static constexpr uint64_t kDirectMin = uint64_t{1} << 20;  // smaller files: buffered
 
   // aligned: the plan's bytes start at a kBlock-aligned address (a staged image); others are
-  // written buffered (through the bounce buffer, direct I/O waits for each copy: measured 6%
-  // slower for a synchronous save of 1.5 GB).
+  // written buffered, as before (through the bounce buffer each direct write would wait for its
+  // copy, and a synchronous save gains nothing from sparing CPU).
   PlanWriter(FileSystem& fs, int fd, uint64_t size, bool aligned) : fs_(fs), fd_(fd) {
     XXH64_reset(&st_, 0);
     if (size < kDirectMin || !aligned || fs_.set_direct(fd_, true) != 0) return;
