@@ -124,8 +124,8 @@ TEST(Files, WritePlanReportsShortAndFailedWrites) {
 TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
   std::string want((3 << 20) + 4099, '\0');
   for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<char>(i * 31 + i / 7);
-  std::unique_ptr<char, decltype(&std::free)> mem(static_cast<char*>(std::aligned_alloc(4096, want.size() + 4096)),
-                                                  &std::free);
+  const size_t cap = (want.size() + 4095) / 4096 * 4096;  // aligned_alloc: a multiple of the alignment
+  std::unique_ptr<char, decltype(&std::free)> mem(static_cast<char*>(std::aligned_alloc(4096, cap)), &std::free);
   std::memcpy(mem.get(), want.data(), want.size());
   const char* m = mem.get();
   const files::FilePlan image{"p.bin", "", {{m, want.size()}}};
