@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -102,6 +103,17 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+std::vector<std::string> tail_lines(const std::string& path, int n) {
+  std::ifstream in(path);
+  std::deque<std::string> q;
+  std::string line;
+  while (std::getline(in, line)) {
+    q.push_back(line);
+    if (static_cast<int>(q.size()) > n) q.pop_front();
+  }
+  return {q.begin(), q.end()};
+}
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   AtomicFile f(path);
   f.write(bytes);
@@ -173,10 +185,10 @@ namespace {
 
 // Streams a plan's bytes into an open file and hashes them. Large files whose bytes start at an
 // aligned address are written with O_DIRECT where the file system takes it, from the plan's memory
-// (an unaligned rest through an aligned bounce buffer): the data goes from memory to the disk, with no copy into the page cache
-// and no writeback of dirty pages (measured here, dd of 1.5 GB: 2.6 s of kernel CPU buffered,
-// 0.4 s direct, at the same disk speed; that CPU is what an async save takes from training).
-// Otherwise, buffered, with writeback started every 32 MB.
+// (an unaligned rest through an aligned bounce buffer): the data goes from memory to the disk,
+// with no copy into the page cache and no writeback of dirty pages (measured here, dd of 1.5 GB:
+// 2.6 s of kernel CPU buffered, 0.4 s direct, at the same disk speed; that CPU is what an async
+// save takes from training). Otherwise, buffered, with writeback started every 32 MB.
 class PlanWriter {
  public:
   static constexpr size_t kChunk = size_t{1} << 25;         // largest write(); writeback step

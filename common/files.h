@@ -44,6 +44,8 @@ void set_file_system(FileSystem* fs);
 
 // Whole file as bytes. Throws DataError naming the path when it cannot be read.
 std::string read_file(const std::string& path);
+// The last `n` lines of a file (fewer when it has fewer; none when it cannot be read).
+std::vector<std::string> tail_lines(const std::string& path, int n);
 // Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename, fsync dir).
 void write_file_atomic(const std::string& path, const std::string& bytes);
 

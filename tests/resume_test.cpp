@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/run_dir.h"
@@ -73,13 +74,9 @@ int finish_group(std::vector<test::Proc>& procs) {
 // run_dir/logs: what a failure message shows (the other ranks' errors are only there).
 std::string group_tail(const std::string& run_dir, const std::string& log, int ranks) {
   auto tail = [](const std::string& path) {
-    const std::string t = test::read_text(path);
-    size_t at = t.size();
-    for (int n = 0; n < 25 && at > 0; ++n) {
-      const size_t nl = t.rfind('\n', at - 1);
-      at = nl == std::string::npos ? 0 : nl;
-    }
-    return t.substr(at);
+    std::string t;
+    for (auto& line : files::tail_lines(path, 25)) t += "\n" + line;
+    return t;
   };
   std::string out;
   for (int r = 0; r < ranks; ++r) {

@@ -44,6 +44,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "launch/launcher/workers.h"
@@ -460,7 +461,7 @@ class Launcher {
       std::string path = (fs::path(o_.log_dir) / o_.run_id / ("attempt_" + std::to_string(attempt)) /
                           ("rank_" + std::to_string(f.rank) + ".log"))
                              .string();
-      auto lines = tail_lines(path, kLogTailLines);
+      auto lines = files::tail_lines(path, kLogTailLines);
       s += strf("launch:   last %zu line(s) of %s:\n", lines.size(), path.c_str());
       for (auto& l : lines) s += "launch:     | " + l + "\n";
     } else {

@@ -14,9 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "common/clock.h"
@@ -50,17 +48,6 @@ Failure Failure::decode(const std::string& s) {
 std::string Failure::how() const {
   return signal ? strf("was killed by %s (exit code %d)", signal_name(signal).c_str(), code)
                 : strf("exited with code %d", code);
-}
-
-std::vector<std::string> tail_lines(const std::string& path, int n) {
-  std::ifstream in(path);
-  std::deque<std::string> q;
-  std::string line;
-  while (std::getline(in, line)) {
-    q.push_back(line);
-    if (static_cast<int>(q.size()) > n) q.pop_front();
-  }
-  return {q.begin(), q.end()};
 }
 
 void write_all(int fd, const std::string& s) {

@@ -29,8 +29,6 @@ struct Failure {
   std::string how() const;     // "exited with code 3", "was killed by SIGKILL (exit code 137)"
 };
 
-// The last `n` lines of a file.
-std::vector<std::string> tail_lines(const std::string& path, int n);
 // Writes all of `s` to `fd`; on error (closed stdout, full disk) the output is dropped, the run goes on.
 void write_all(int fd, const std::string& s);
 

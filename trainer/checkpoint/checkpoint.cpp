@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -249,7 +248,6 @@ double plans_mb(const std::vector<files::FilePlan>& plans) {
   for (auto& p : plans) mb += static_cast<double>(p.size()) / 1e6;
   return mb;
 }
-
 
 }  // namespace
 
