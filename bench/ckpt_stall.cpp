@@ -6,7 +6,9 @@
 // more. The stall of a save = its save() call + the extra time of the steps after it over the
 // round's median step without a save.
 //
-//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread] [--ema] [--layers L] [--seq T]
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,nowrite] [--ema] [--layers L] [--seq T]
+// Mode nowrite is the async save with its staged images' disk writes discarded (see
+// DiscardDirectWrites): what the save costs training apart from the disk.
 // With OPENBLAS_NUM_THREADS=1 training leaves the writer a CPU of its own, as a GPU host does.
 // prints one JSON line per save and a summary line (medians over rounds):
 //   <mode>_stall_ms        measured stall (sync: the whole save)
@@ -14,6 +16,10 @@
 //   <mode>_peak_extra_mb   peak RSS of this process during the save over the RSS
 //                          before it (the staging buffer shows on the first save only: it is kept)
 //   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
+//   <mode>_steal_ms        CPU time the hypervisor took from this machine's CPUs (/proc/stat
+//                          steal, all CPUs) from the save to the end of the steps after it, over
+//                          the rate of the steps without a save: on a VM the host's side of the
+//                          disk writes can run on our cores; the stall includes what it delays
 // The forked writer (the previous design) was compared with this loop in commit 223b6ab (mode
 // "fork"); it stalled longer and was removed.
 #include <CLI/CLI.hpp>
@@ -28,6 +34,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -59,6 +66,52 @@ double rss_mb() {
   in >> pages >> resident;
   return resident * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
+
+// CPU time the hypervisor took from this machine's CPUs so far (the steal column of /proc/stat,
+// all CPUs), in ms: on a VM, the host's side of a disk write can run on the cores our CPUs run on.
+double steal_ms() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double v[8] = {};
+  in >> cpu;
+  for (double& x : v) in >> x;
+  return v[7] * 1e3 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// The POSIX file system, except that while `discard` is set, writes to files in direct mode (the
+// async save's staged images) are counted as written and never reach the disk: mode "nowrite"
+// measures the stall of the save without its disk writes (the staging copy, the checksums, the
+// small files), to tell the trainer's part from the host's.
+class DiscardDirectWrites : public lm::files::FileSystem {
+ public:
+  bool discard = false;  // set only between saves (no write in flight)
+  int set_direct(int fd, bool on) override {
+    if (int e = FileSystem::set_direct(fd, on); e != 0) return e;
+    std::lock_guard<std::mutex> lock(mu_);
+    direct_[fd] = on;
+    return 0;
+  }
+  int write(int fd, const void* data, size_t n, size_t* written) override {
+    if (discard && is_direct(fd)) return *written = n, 0;
+    return FileSystem::write(fd, data, n, written);
+  }
+  int close(int fd) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      direct_.erase(fd);
+    }
+    return FileSystem::close(fd);
+  }
+
+ private:
+  bool is_direct(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = direct_.find(fd);
+    return it != direct_.end() && it->second;
+  }
+  std::mutex mu_;
+  std::map<int, bool> direct_;
+};
 
 // Samples rss_mb() every 25 ms while on; peak() since the last reset.
 class PeakSampler {
@@ -126,7 +179,7 @@ using PerMode = std::map<std::string, std::vector<double>>;
 
 // The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
 void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
-                   double state_mb, int rounds, double step_ms, double base_mb) {
+                   PerMode& steal, double state_mb, int rounds, double step_ms, double base_mb) {
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
   nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms},
                         {"blas_threads", blas ? blas : "default"}, {"intra_op_threads", torch::get_num_threads()},
@@ -136,6 +189,7 @@ void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMod
     out[mode + "_stall_ms"] = median(stall[mode]);
     out[mode + "_reported_ms"] = median(reported[mode]);
     out[mode + "_peak_extra_mb"] = median(peak[mode]);
+    out[mode + "_steal_ms"] = median(steal[mode]);
     if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
   }
   std::cout << out.dump() << std::endl;
@@ -146,13 +200,13 @@ void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMod
 int main(int argc, char** argv) {
   return lm::run_main("ckpt_stall", [&] {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
-    std::string dir, modes_arg = "sync,thread";
+    std::string dir, modes_arg = "sync,thread,nowrite";
     int rounds = 4, clean = 2, layers = 12, seq = 64;
     bool ema = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
     app.add_option("--clean", clean, "steps without a save before each save");
-    app.add_option("--modes", modes_arg, "comma-separated: sync, thread");
+    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, nowrite");
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
@@ -165,7 +219,11 @@ int main(int argc, char** argv) {
     std::vector<std::string> modes;
     std::stringstream ss(modes_arg);
     for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
+    for (auto& mode : modes)
+      if (mode != "sync" && mode != "thread" && mode != "nowrite") throw lm::UsageError("--modes: unknown mode '" + mode + "'");
     lm::install_caching_host_allocator();
+    DiscardDirectWrites fs;
+    lm::files::set_file_system(&fs);
     Model m;
     build(m, layers, seq, ema);
     std::map<std::string, std::unique_ptr<lm::Checkpointer>> cks;
@@ -176,7 +234,7 @@ int main(int argc, char** argv) {
       cks[mode] = std::make_unique<lm::Checkpointer>(cc, dir + "/" + mode, 0, 1);
     }
     PeakSampler sampler;
-    PerMode stall, reported, peak;
+    PerMode stall, reported, peak, steal;
     double state_mb = 0, base_mb = 0;
     std::vector<double> all_clean;
     for (int w = 0; w < 2; ++w) step(m, cks[modes[0]].get());  // warm-up
@@ -185,13 +243,19 @@ int main(int argc, char** argv) {
       std::map<std::string, std::vector<double>> after;
       std::map<std::string, double> call_ms;
       std::vector<double> clean_s;
+      std::map<std::string, double> window_steal, window_s;
+      double clean_steal = 0, clean_total_s = 0;
       for (size_t i = 0; i < modes.size(); ++i) {
         const std::string& mode = modes[(i + r) % modes.size()];
         lm::Checkpointer* ck = cks[mode].get();
-        for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck));
+        const double st0 = steal_ms();
+        for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck)), clean_total_s += clean_s.back();
+        clean_steal += steal_ms() - st0;
         base_mb = rss_mb();
+        fs.discard = mode == "nowrite";
         sampler.start();
         const auto t0 = Clock::now();
+        const double st1 = steal_ms();
         ck->save(m.registry.snapshot(++n, nlohmann::json::object()));
         call_ms[mode] = ms_since(t0);
         std::vector<lm::SaveReport> reps;
@@ -201,6 +265,7 @@ int main(int argc, char** argv) {
           if (!reps.empty()) --extra;
         }
         peak[mode].push_back(sampler.stop() - base_mb);
+        window_steal[mode] = steal_ms() - st1, window_s[mode] = ms_since(t0) / 1e3;
         if (reps.empty() || !reps[0].error.empty()) throw lm::Error(mode + " save failed: " + (reps.empty() ? "" : reps[0].error));
         reported[mode].push_back(reps[0].block_ms);
         state_mb = reps[0].mb;
@@ -211,14 +276,16 @@ int main(int argc, char** argv) {
         double extra_ms = 0;
         for (double s : steps) extra_ms += 1e3 * (s - base_s);
         stall[mode].push_back(call_ms[mode] + std::max(0.0, extra_ms));
+        steal[mode].push_back(std::max(0.0, window_steal[mode] - clean_steal / clean_total_s * window_s[mode]));
         std::cout << nlohmann::json{{"round", r}, {"mode", mode}, {"call_ms", call_ms[mode]},
                                     {"after_steps_s", steps}, {"base_step_ms", 1e3 * base_s},
                                     {"stall_ms", stall[mode].back()}, {"reported_ms", reported[mode].back()},
-                                    {"peak_extra_mb", peak[mode].back()}}.dump() << std::endl;
+                                    {"peak_extra_mb", peak[mode].back()}, {"steal_ms", steal[mode].back()}}.dump() << std::endl;
       }
     }
-    print_summary(modes, stall, reported, peak, state_mb, rounds, 1e3 * median(all_clean), base_mb);
+    print_summary(modes, stall, reported, peak, steal, state_mb, rounds, 1e3 * median(all_clean), base_mb);
     for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
+    lm::files::set_file_system(nullptr);
     return 0;
   });
 }

@@ -18,6 +18,7 @@
 
 #include "common/checksum.h"
 #include "common/errors.h"
+#include "common/parallel.h"
 
 namespace lm::files {
 namespace {
@@ -195,6 +196,7 @@ class PlanWriter {
   static constexpr size_t kBounce = size_t{8} << 20;        // direct mode's buffer
   static constexpr size_t kBlock = 4096;                    // direct I/O alignment
   static constexpr uint64_t kDirectMin = uint64_t{1} << 20;  // smaller files: buffered
+  static constexpr size_t kHashPiece = size_t{1} << 20;      // checksum step (see hash())
 
   // aligned: the plan's bytes start at a kBlock-aligned address (a staged image); others are
   // written buffered, as before (through the bounce buffer each direct write would wait for its
@@ -214,7 +216,7 @@ class PlanWriter {
   bool put(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     if (!buf_) {
-      XXH64_update(&st_, p, n);
+      hash(p, n);
       return out(p, n);
     }
     // Aligned memory at an aligned file offset (a staged image, checkpoint/staging.h): written
@@ -222,14 +224,14 @@ class PlanWriter {
     while (direct_ && fill_ == 0 && written_ % kBlock == 0 && reinterpret_cast<uintptr_t>(p) % kBlock == 0 &&
            n >= kBlock) {
       const size_t k = std::min(n, kBounce) / kBlock * kBlock;
-      XXH64_update(&st_, p, k);
+      hash(p, k);
       if (!out(p, k)) return false;
       p += k, n -= k;
     }
     while (n > 0) {  // copied, hashed while in cache, written when the buffer is full
       const size_t k = std::min(n, kBounce - fill_);
       std::memcpy(buf_ + fill_, p, k);
-      XXH64_update(&st_, buf_ + fill_, k);
+      hash(buf_ + fill_, k);
       fill_ += k, p += k, n -= k;
       if (fill_ == kBounce && !out(buf_, fill_)) return false;
       if (fill_ == kBounce) fill_ = 0;
@@ -250,6 +252,15 @@ class PlanWriter {
   uint64_t digest() const { return XXH64_digest(&st_); }
 
  private:
+  // Hashes in pieces of 1 MB; a background thread (the async checkpoint writer) gives the CPU
+  // back between them (common/parallel.h).
+  void hash(const char* p, size_t n) {
+    for (size_t o = 0; o < n; o += kHashPiece) {
+      XXH64_update(&st_, p + o, std::min(kHashPiece, n - o));
+      yield_if_background();
+    }
+  }
+
   // Writes n bytes at the end of the file. A direct write refused with EINVAL (an unaligned rest
   // after a short write, a file system that accepts the flag but not the I/O) turns direct I/O
   // off and is retried buffered.

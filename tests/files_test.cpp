@@ -9,11 +9,13 @@
 #include <memory>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/files.h"
+#include "common/parallel.h"
 #include "tests/testutil.h"
 
 namespace lm {
@@ -169,3 +171,22 @@ TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
 
 }  // namespace
 }  // namespace lm
+
+// The async checkpoint writer's priority (common/parallel.h): idle, for its own thread only, and
+// the flag that makes its pieces of work yield.
+TEST(Files, BackgroundPriorityIsIdleAndOnlyForItsThread) {
+  const int before = sched_getscheduler(0);
+  int policy = -1, err = -1;
+  bool flag = false;
+  std::thread t([&] {
+    err = lm::set_background_priority();
+    policy = sched_getscheduler(0);
+    flag = lm::t_background;
+  });
+  t.join();
+  ASSERT_EQ(err, 0) << strerror(err);
+  EXPECT_EQ(policy, SCHED_IDLE);
+  EXPECT_TRUE(flag);
+  EXPECT_FALSE(lm::t_background);  // this thread is not a background thread
+  EXPECT_EQ(sched_getscheduler(0), before);
+}

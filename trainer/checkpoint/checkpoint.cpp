@@ -2,7 +2,6 @@
 #include "trainer/checkpoint/checkpoint.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 
 #include "common/errors.h"
 #include "common/checksum.h"
+#include "common/parallel.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/run_dir.h"
@@ -137,13 +137,11 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
   }
 }
 
-// The calling thread runs only when a CPU would otherwise be idle (SCHED_IDLE; a warning once
-// where the system refuses). The async writer's checksums and write() copies then come out of
-// the CPU time training leaves unused, not out of its steps.
+// The calling thread takes only CPU time training leaves (common/parallel.h; a warning once where
+// the system refuses idle priority). The async writer's copies, checksums and writes then come
+// out of the CPU time training leaves unused, not out of its steps.
 void set_idle_priority() {
-  sched_param p{};
-  p.sched_priority = 0;
-  if (int e = pthread_setschedparam(pthread_self(), SCHED_IDLE, &p); e != 0) {
+  if (int e = set_background_priority(); e != 0) {
     static std::once_flag once;
     std::call_once(once, [e] { log::warn("checkpoint writer: cannot lower its priority: " + std::string(strerror(e))); });
   }

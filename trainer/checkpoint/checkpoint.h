@@ -15,7 +15,8 @@
 // the tensors live on a CUDA device) and a writer thread writes them from there (direct I/O where
 // the file system takes it: common/files.h, write_plan).
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
-// forward and backward run, in chunks taken by the writer thread (at idle priority: SCHED_IDLE)
+// forward and backward run, in chunks taken by the writer thread (a background thread: idle
+// priority and a yield between pieces, common/parallel.h)
 // and by wait_snapshot() (called by the loop before anything the snapshot covers is updated),
 // which copies what is left and returns when all is copied. At most one save is in flight. The
 // buffer is kept for the next save: host memory holds the state twice while async saves are on.

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/parallel.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -54,6 +56,7 @@ void ChunkedCopy::add(void* dst, const void* src, size_t n) {
 void ChunkedCopy::copy_some() {
   for (size_t i; (i = next_.fetch_add(1)) < chunks_.size();) {
     copy_streaming(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
+    yield_if_background();
     if (copied_.fetch_add(1) + 1 == chunks_.size()) {
       std::lock_guard<std::mutex> lock(mu_);
       cv_.notify_all();
