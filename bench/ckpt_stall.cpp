@@ -175,6 +175,33 @@ void build(Model& m, int layers, int seq, bool ema) {
                    [](const lm::ComponentState*) {});
 }
 
+// One save and the steps until it is over, then one more.
+struct SaveRun {
+  double call_ms = 0, peak_mb = 0, steal_ms = 0, window_s = 0;  // peak: RSS; steal: whole window
+  std::vector<double> after_s;                                    // the steps' seconds
+  lm::SaveReport report;
+};
+
+SaveRun measure_save(Model& m, lm::Checkpointer* ck, int64_t n, PeakSampler& sampler, const std::string& mode) {
+  SaveRun run;
+  sampler.start();
+  const auto t0 = Clock::now();
+  const double st0 = steal_ms();
+  ck->save(m.registry.snapshot(n, nlohmann::json::object()));
+  run.call_ms = ms_since(t0);
+  std::vector<lm::SaveReport> reps;
+  for (int extra = 1; extra > 0;) {
+    run.after_s.push_back(step(m, ck));
+    for (auto& rep : ck->finished()) reps.push_back(rep);
+    if (!reps.empty()) --extra;
+  }
+  run.peak_mb = sampler.stop();
+  run.steal_ms = steal_ms() - st0, run.window_s = ms_since(t0) / 1e3;
+  if (reps.empty() || !reps[0].error.empty()) throw lm::Error(mode + " save failed: " + (reps.empty() ? "" : reps[0].error));
+  run.report = reps[0];
+  return run;
+}
+
 using PerMode = std::map<std::string, std::vector<double>>;
 
 // The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
@@ -253,22 +280,12 @@ int main(int argc, char** argv) {
         clean_steal += steal_ms() - st0;
         base_mb = rss_mb();
         fs.discard = mode == "nowrite";
-        sampler.start();
-        const auto t0 = Clock::now();
-        const double st1 = steal_ms();
-        ck->save(m.registry.snapshot(++n, nlohmann::json::object()));
-        call_ms[mode] = ms_since(t0);
-        std::vector<lm::SaveReport> reps;
-        for (int extra = 1; extra > 0;) {  // steps until the save is over, then one more
-          after[mode].push_back(step(m, ck));
-          for (auto& rep : ck->finished()) reps.push_back(rep);
-          if (!reps.empty()) --extra;
-        }
-        peak[mode].push_back(sampler.stop() - base_mb);
-        window_steal[mode] = steal_ms() - st1, window_s[mode] = ms_since(t0) / 1e3;
-        if (reps.empty() || !reps[0].error.empty()) throw lm::Error(mode + " save failed: " + (reps.empty() ? "" : reps[0].error));
-        reported[mode].push_back(reps[0].block_ms);
-        state_mb = reps[0].mb;
+        const SaveRun run = measure_save(m, ck, ++n, sampler, mode);
+        call_ms[mode] = run.call_ms, after[mode] = run.after_s;
+        peak[mode].push_back(run.peak_mb - base_mb);
+        window_steal[mode] = run.steal_ms, window_s[mode] = run.window_s;
+        reported[mode].push_back(run.report.block_ms);
+        state_mb = run.report.mb;
       }
       const double base_s = median(clean_s);
       all_clean.insert(all_clean.end(), clean_s.begin(), clean_s.end());
