@@ -204,6 +204,16 @@ SaveRun measure_save(Model& m, lm::Checkpointer* ck, int64_t n, PeakSampler& sam
 
 using PerMode = std::map<std::string, std::vector<double>>;
 
+std::vector<std::string> parse_modes(const std::string& arg) {
+  std::vector<std::string> modes;
+  std::stringstream ss(arg);
+  for (std::string m; std::getline(ss, m, ',');) {
+    if (m != "sync" && m != "thread" && m != "nowrite") throw lm::UsageError("--modes: unknown mode '" + m + "'");
+    modes.push_back(m);
+  }
+  return modes;
+}
+
 // The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
 void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
                    PerMode& steal, double state_mb, int rounds, double step_ms, double base_mb) {
@@ -243,11 +253,7 @@ int main(int argc, char** argv) {
       if (e.get_exit_code() == 0) return app.exit(e);
       throw lm::UsageError(e.what());
     }
-    std::vector<std::string> modes;
-    std::stringstream ss(modes_arg);
-    for (std::string m; std::getline(ss, m, ',');) modes.push_back(m);
-    for (auto& mode : modes)
-      if (mode != "sync" && mode != "thread" && mode != "nowrite") throw lm::UsageError("--modes: unknown mode '" + mode + "'");
+    const std::vector<std::string> modes = parse_modes(modes_arg);
     lm::install_caching_host_allocator();
     DiscardDirectWrites fs;
     lm::files::set_file_system(&fs);
