@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -23,6 +24,26 @@ double process_age_s() {
   for (int i = 3; i <= 22 && rest >> field; ++i)
     if (i == 22) start_ticks = std::stoull(field);
   return uptime - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double host_steal_s(const std::string& stat_path) {
+  std::ifstream in(stat_path);
+  std::string cpu;
+  double v[8];
+  if (!(in >> cpu) || cpu != "cpu") return -1;
+  for (double& x : v)  // user nice system idle iowait irq softirq steal
+    if (!(in >> x)) return -1;
+  return v[7] / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+StealMeter::StealMeter() : steal_s_(host_steal_s()), t_(Steady::now()) {}
+
+double StealMeter::take_pct() {
+  const double now = host_steal_s(), wall = seconds_since(t_), before = steal_s_;
+  steal_s_ = now, t_ = Steady::now();
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (now < 0 || before < 0 || wall <= 0 || cpus <= 0) return std::nan("");
+  return 100.0 * (now - before) / (wall * static_cast<double>(cpus));
 }
 
 }  // namespace lm::clock

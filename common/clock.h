@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 
 namespace lm::clock {
 
@@ -20,5 +21,22 @@ inline double unix_now() {
 // Seconds since this process started, from /proc (includes dynamic loading before main); 0 when
 // unknown.
 double process_age_s();
+
+// CPU time the hypervisor has taken from this machine's CPUs since boot, all CPUs together (the
+// "steal" column of /proc/stat), in seconds; -1 when unknown. On a VM that is other guests' work
+// and the host's own, such as its side of this guest's disk and network I/O.
+double host_steal_s(const std::string& stat_path = "/proc/stat");
+
+// The share of this machine's CPU time stolen between one take_pct() and the next (the first:
+// since construction), in % of all CPUs' time, as top's "st"; NaN when unknown.
+class StealMeter {
+ public:
+  StealMeter();
+  double take_pct();
+
+ private:
+  double steal_s_;
+  Steady::time_point t_;
+};
 
 }  // namespace lm::clock

@@ -1,6 +1,7 @@
 // common/files: atomic writes and write plans go through the replaceable FileSystem, in the order
 // that makes them durable, and a failure at any call leaves the previous file intact.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/parallel.h"
@@ -189,4 +191,25 @@ TEST(Files, BackgroundPriorityIsIdleAndOnlyForItsThread) {
   EXPECT_TRUE(flag);
   EXPECT_FALSE(lm::t_background);  // this thread is not a background thread
   EXPECT_EQ(sched_getscheduler(0), before);
+}
+
+// The hypervisor's steal (common/clock.h): the 8th number of /proc/stat's "cpu" line, in seconds;
+// -1 when the line or the column is missing; the meter's share is a percentage of every CPU's time.
+TEST(Clock, HostStealIsTheStealColumnOfProcStat) {
+  lm::test::TempDir dir;
+  const std::string path = dir / "stat";
+  const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  lm::files::write_file_atomic(path, "cpu  10 20 30 40 50 60 70 250 0 0\ncpu0 5 10 15 20 25 30 35 125 0 0\n");
+  EXPECT_DOUBLE_EQ(lm::clock::host_steal_s(path), 250 / hz);
+  lm::files::write_file_atomic(path, "cpu  10 20 30 40 50 60 70\n");  // a kernel without the column
+  EXPECT_EQ(lm::clock::host_steal_s(path), -1);
+  lm::files::write_file_atomic(path, "intr 10 20 30 40 50 60 70 250\n");
+  EXPECT_EQ(lm::clock::host_steal_s(path), -1);
+  EXPECT_EQ(lm::clock::host_steal_s(dir / "missing"), -1);
+  ASSERT_GE(lm::clock::host_steal_s(), 0) << "this machine's /proc/stat has a steal column";
+  lm::clock::StealMeter meter;
+  usleep(20000);
+  const double pct = meter.take_pct();
+  EXPECT_GE(pct, 0);
+  EXPECT_LE(pct, 100);
 }

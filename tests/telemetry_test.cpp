@@ -76,7 +76,7 @@ TEST_F(TelemetryE2E, StopIsRecorded) {  // failures: see AnomalyEvidenceAndSkipp
 TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
   TempDir run;
   ASSERT_EQ(train(run.path(), {"train.max_steps=12", "log.every_steps=3", "eval.every_steps=6",
-                               "log.long_window_s=0.0001"}).exit_code, 0);
+                               "log.long_window_s=0.0001", "checkpoint.every_steps=6"}).exit_code, 0);
   std::vector<json> train_recs;
   for (auto& l : test::metrics_of_kind(run / "metrics.jsonl", "train")) train_recs.push_back(json::parse(l));
   ASSERT_EQ(train_recs.size(), 4u);
@@ -86,6 +86,16 @@ TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
       EXPECT_TRUE(j.contains(key)) << key;
     EXPECT_TRUE(j["mfu_pct"].is_number()) << "on CPU: against the SGEMM peak measured at start";
     EXPECT_GT(j["mem_mb"].get<double>(), 1.0);
+    ASSERT_TRUE(j["cpu_steal_pct"].is_number()) << "the hypervisor's share over the window (0 on bare metal)";
+    EXPECT_GE(j["cpu_steal_pct"].get<double>(), 0.0);
+    EXPECT_LE(j["cpu_steal_pct"].get<double>(), 100.0);
+  }
+  const auto saves = test::metrics_of_kind(run / "metrics.jsonl", "checkpoint");
+  ASSERT_EQ(saves.size(), 2u);
+  for (auto& l : saves) {
+    const json j = json::parse(l);
+    ASSERT_TRUE(j.contains("ckpt_steal_ms") && j.at("ckpt_steal_ms").is_number()) << l;
+    EXPECT_GE(j.at("ckpt_steal_ms").get<double>(), 0.0);
   }
   EXPECT_GE(test::metrics_of_kind(run / "metrics.jsonl", "window").size(), 3u);  // long-window aggregates
   std::string events;
@@ -97,6 +107,8 @@ TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
   for (auto& j : train_recs)
     EXPECT_FLOAT_EQ(tb.at({"train/loss", j["step"].get<int64_t>()}), j["loss"].get<float>());
   EXPECT_TRUE(tb.count({"val/loss", 6}));
+  EXPECT_TRUE(tb.count({"train/cpu_steal_pct", 3}));
+  EXPECT_TRUE(tb.count({"checkpoint/steal_ms", 6}));
   EXPECT_TRUE(tb.count({"window/tokens_per_s_mean", 3}) || tb.count({"window/tokens_per_s_mean", 6}));
   // What telemetry cost: the training thread's time building and enqueueing records, and the CPU
   // time of the sink's thread (it wrote 4 train records, a val record and TensorBoard events).

@@ -132,7 +132,6 @@ class Trainer {
 
  private:
   // ---- setup (in this order) ------------------------------------------------------------------
-
   void open_data() {
     sources_ = data::open_sources(cfg_.data);
     manifest_ = sources_[0];
@@ -280,7 +279,6 @@ class Trainer {
   }
 
   // ---- one optimizer step ---------------------------------------------------------------------
-
   // One step's results as the host reads them: at once, or one step late where deferred_.
   struct StepResult {
     int64_t step = 0;  // 1-based
@@ -415,7 +413,6 @@ class Trainer {
   }
 
   // ---- records --------------------------------------------------------------------------------
-
   int64_t epoch() const {
     const int64_t per_epoch = std::max<int64_t>(1, loader_->samples_per_epoch());
     return static_cast<int64_t>(loader_->state().cursor) / per_epoch;
@@ -438,6 +435,7 @@ class Trainer {
     // (start_telemetry says which); unknown without one.
     rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * w.flops_per_s / peak_flops_) : nlohmann::json(nullptr);
     if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
+    rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
     source_tokens_->close(rec);
     record_ms_ += 1e3 * seconds_since(t0);
     metrics_->write(std::move(rec));
@@ -476,7 +474,6 @@ class Trainer {
   }
 
   // ---- checkpoints ----------------------------------------------------------------------------
-
   void save() {
     const nlohmann::json run = {{"config", to_yaml(cfg_)}, {"arch", arch_json(cfg_.model, vocab_)},
                                 {"data_version", data::mixture_version(cfg_.data, sources_)},
@@ -506,7 +503,8 @@ class Trainer {
                      r.block_ms, r.write_ms, mbps, r.async ? ", async" : ""));
       metrics_->write({{records::kKind, records::kCheckpoint}, {records::kStep, r.step}, {records::kTime, unix_now()},
                        {records::kDir, r.dir}, {records::kAsync, r.async}, {records::kCkptBlockMs, r.block_ms},
-                       {records::kCkptWriteMs, r.write_ms}, {records::kCkptMb, r.mb}, {records::kCkptMbPerS, mbps}});
+                       {records::kCkptWriteMs, r.write_ms}, {records::kCkptMb, r.mb}, {records::kCkptMbPerS, mbps},
+                       {records::kCkptStealMs, r.steal_ms}});
     }
   }
 
@@ -569,12 +567,12 @@ class Trainer {
   std::unique_ptr<MetricsSink> metrics_;
   std::unique_ptr<RunRecord> record_;
   std::unique_ptr<StepProfiler> profiler_;
+  clock::StealMeter steal_;  // cpu_steal_pct of the train records (rank 0)
   // Progress.
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0, dumps_ = 0;
   uint64_t batch_hash_ = 0, step_batches_ = 0;  // step_batches_: loader batches before this step
   double mean_step_s_ = 0, val_loss_ = -1;
-  bool stopped_ = false;
-  bool window_nonfinite_ = false;  // a step of the open logging window had a non-finite loss
+  bool stopped_ = false, window_nonfinite_ = false;  // window_...: a step of the open window was non-finite
   bool deferred_ = false;           // read step results one step late (see train_step)
   std::unique_ptr<StepResult> pending_;  // deferred_: the queued step not yet read
 };

@@ -73,6 +73,7 @@ struct SaveReport {
   double call_ms = 0;    // the save() call alone
   double write_ms = 0;   // time to write and commit the files
   double mb = 0;         // megabytes written by this rank
+  double steal_ms = 0;   // CPU time the hypervisor took from this machine's CPUs meanwhile (clock.h)
   std::string error;     // empty when it succeeded
 };
 

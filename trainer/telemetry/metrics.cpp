@@ -56,7 +56,8 @@ std::string eta_text(double s) {
 
 // Numeric fields worth a TensorBoard scalar, per record kind.
 const char* const kTrainScalars[] = {records::kLoss, records::kLr, records::kGradNorm, records::kTokensPerS, records::kTokensPerSRank, records::kStepMs,
-                                     records::kDataWaitPct, records::kMfuPct, records::kMemMb, records::kPaddingPct};
+                                     records::kDataWaitPct, records::kMfuPct, records::kMemMb, records::kPaddingPct,
+                                     records::kCpuStealPct};
 
 }  // namespace
 
@@ -218,6 +219,7 @@ void MetricsSink::handle(const nlohmann::json& rec) {
       scalar("checkpoint/block_ms", records::kCkptBlockMs);
       scalar("checkpoint/write_ms", records::kCkptWriteMs);
       scalar("checkpoint/mb_per_s", records::kCkptMbPerS);
+      scalar("checkpoint/steal_ms", records::kCkptStealMs);
     } else if (kind == records::kResume) {
       scalar("resume/recovery_ms", records::kRecoveryMs);
     } else if (kind == records::kLongWindow) {

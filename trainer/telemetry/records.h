@@ -7,7 +7,7 @@
 //   train       a logged window of log.every_steps steps: loss ... batch_hash (see kFields),
 //               source_tokens, source_tokens_total (per source, below)
 //   val         val_loss (and val_loss_ema with train.ema_decay)
-//   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s
+//   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s, ckpt_steal_ms
 //   resume      checkpoint, recovery_ms, load_ms
 //   anomaly     reason, loss, grad_norm, action, batch_hash
 //   window      window_s, steps_logged, tokens_per_s_{mean,min,max}, mfu_pct_{mean,min,max}
@@ -43,6 +43,7 @@ constexpr const char* kEpoch = "epoch";
 constexpr const char* kBatchHash = "batch_hash";
 constexpr const char* kMfuPct = "mfu_pct";
 constexpr const char* kPaddingPct = "padding_pct";
+constexpr const char* kCpuStealPct = "cpu_steal_pct";
 constexpr const char* kValLoss = "val_loss";
 constexpr const char* kValLossEma = "val_loss_ema";
 constexpr const char* kValData = "val_data";
@@ -53,6 +54,7 @@ constexpr const char* kCkptBlockMs = "ckpt_block_ms";
 constexpr const char* kCkptWriteMs = "ckpt_write_ms";
 constexpr const char* kCkptMb = "ckpt_mb";
 constexpr const char* kCkptMbPerS = "ckpt_mb_per_s";
+constexpr const char* kCkptStealMs = "ckpt_steal_ms";
 constexpr const char* kCheckpointDir = "checkpoint";
 constexpr const char* kRecoveryMs = "recovery_ms";
 constexpr const char* kLoadMs = "load_ms";
@@ -102,6 +104,7 @@ constexpr Field kFields[] = {
     {kEpoch, kTrain, "", "epoch of the loader's cursor"},
     {kMfuPct, kTrain, "%", "matmul FLOPs / step time against the peak the log names (CPU: measured SGEMM); null when unknown"},
     {kPaddingPct, kTrain, "%", "bucketed mode: padded share of the window's input positions"},
+    {kCpuStealPct, kTrain, "%", "CPU time the hypervisor took from this machine's CPUs over the window (top's st); null when unknown"},
     {kValLoss, kVal, "nats/token", "mean validation loss over eval.batches micro-batches"},
     {kValLossEma, kVal, "nats/token", "validation loss of the EMA weights"},
     {kValData, kVal, "", "the dataset directory the validation loss was computed on"},
@@ -110,6 +113,7 @@ constexpr Field kFields[] = {
     {kCkptWriteMs, kCheckpoint, "ms", "time to write and commit the checkpoint"},
     {kCkptMb, kCheckpoint, "MB", "megabytes written by rank 0"},
     {kCkptMbPerS, kCheckpoint, "MB/s", "ckpt_mb / ckpt_write_ms"},
+    {kCkptStealMs, kCheckpoint, "ms", "CPU time the hypervisor took from this machine's CPUs (all) while the save was in flight"},
     {kRecoveryMs, kResume, "ms", "process start to the end of the first resumed step"},
     {kLoadMs, kResume, "ms", "time to read and verify the checkpoint"},
 };
