@@ -38,6 +38,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "models/gpt.h"
@@ -67,16 +68,9 @@ double rss_mb() {
   return resident * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-// CPU time the hypervisor took from this machine's CPUs so far (the steal column of /proc/stat,
-// all CPUs), in ms: on a VM, the host's side of a disk write can run on the cores our CPUs run on.
-double steal_ms() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  double v[8] = {};
-  in >> cpu;
-  for (double& x : v) in >> x;
-  return v[7] * 1e3 / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
+// CPU time the hypervisor took from this machine's CPUs so far (all CPUs; common/clock.h), in
+// ms: on a VM, the host's side of a disk write can run on the cores our CPUs run on.
+double steal_ms() { return 1e3 * std::max(0.0, lm::clock::host_steal_s()); }
 
 // The POSIX file system, except that while `discard` is set, writes to files in direct mode (the
 // async save's staged images) are counted as written and never reach the disk: mode "nowrite"
