@@ -68,10 +68,6 @@ double rss_mb() {
   return resident * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-// CPU time the hypervisor took from this machine's CPUs so far (all CPUs; common/clock.h), in
-// ms: on a VM, the host's side of a disk write can run on the cores our CPUs run on.
-double steal_ms() { return 1e3 * std::max(0.0, lm::clock::host_steal_s()); }
-
 // The POSIX file system, except that while `discard` is set, writes to files in direct mode (the
 // async save's staged images) are counted as written and never reach the disk: mode "nowrite"
 // measures the stall of the save without its disk writes (the staging copy, the checksums, the
@@ -180,7 +176,7 @@ SaveRun measure_save(Model& m, lm::Checkpointer* ck, int64_t n, PeakSampler& sam
   SaveRun run;
   sampler.start();
   const auto t0 = Clock::now();
-  const double st0 = steal_ms();
+  lm::clock::StealMeter steal;  // on a VM, the host's side of a disk write can run on our cores
   ck->save(m.registry.snapshot(n, nlohmann::json::object()));
   run.call_ms = ms_since(t0);
   std::vector<lm::SaveReport> reps;
@@ -190,7 +186,7 @@ SaveRun measure_save(Model& m, lm::Checkpointer* ck, int64_t n, PeakSampler& sam
     if (!reps.empty()) --extra;
   }
   run.peak_mb = sampler.stop();
-  run.steal_ms = steal_ms() - st0, run.window_s = ms_since(t0) / 1e3;
+  run.steal_ms = 1e3 * steal.take_s(), run.window_s = ms_since(t0) / 1e3;
   if (reps.empty() || !reps[0].error.empty()) throw lm::Error(mode + " save failed: " + (reps.empty() ? "" : reps[0].error));
   run.report = reps[0];
   return run;
@@ -275,9 +271,9 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < modes.size(); ++i) {
         const std::string& mode = modes[(i + r) % modes.size()];
         lm::Checkpointer* ck = cks[mode].get();
-        const double st0 = steal_ms();
+        lm::clock::StealMeter clean_meter;
         for (int c = 0; c < clean; ++c) clean_s.push_back(step(m, ck)), clean_total_s += clean_s.back();
-        clean_steal += steal_ms() - st0;
+        clean_steal += 1e3 * clean_meter.take_s();
         base_mb = rss_mb();
         fs.discard = mode == "nowrite";
         const SaveRun run = measure_save(m, ck, ++n, sampler, mode);

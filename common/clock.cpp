@@ -38,12 +38,25 @@ double host_steal_s(const std::string& stat_path) {
 
 StealMeter::StealMeter() : steal_s_(host_steal_s()), t_(Steady::now()) {}
 
-double StealMeter::take_pct() {
-  const double now = host_steal_s(), wall = seconds_since(t_), before = steal_s_;
+void StealMeter::advance(double* stolen_s, double* wall_s) {
+  const double now = host_steal_s();
+  *stolen_s = now >= 0 && steal_s_ >= 0 ? now - steal_s_ : std::nan("");
+  *wall_s = seconds_since(t_);
   steal_s_ = now, t_ = Steady::now();
+}
+
+double StealMeter::take_s() {
+  double stolen, wall;
+  advance(&stolen, &wall);
+  return std::isnan(stolen) ? 0 : stolen;
+}
+
+double StealMeter::take_pct() {
+  double stolen, wall;
+  advance(&stolen, &wall);
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-  if (now < 0 || before < 0 || wall <= 0 || cpus <= 0) return std::nan("");
-  return 100.0 * (now - before) / (wall * static_cast<double>(cpus));
+  if (std::isnan(stolen) || wall <= 0 || cpus <= 0) return std::nan("");
+  return 100.0 * stolen / (wall * static_cast<double>(cpus));
 }
 
 }  // namespace lm::clock

@@ -27,14 +27,19 @@ double process_age_s();
 // and the host's own, such as its side of this guest's disk and network I/O.
 double host_steal_s(const std::string& stat_path = "/proc/stat");
 
-// The share of this machine's CPU time stolen between one take_pct() and the next (the first:
-// since construction), in % of all CPUs' time, as top's "st"; NaN when unknown.
+// The hypervisor's steal over intervals: each take_*() covers the time since the previous take
+// (the first: since construction).
 class StealMeter {
  public:
   StealMeter();
+  // CPU seconds stolen, all CPUs together; 0 when unknown.
+  double take_s();
+  // The same as a share of all CPUs' time over the interval, in % (top's "st"); NaN when unknown.
   double take_pct();
 
  private:
+  // Seconds stolen (NaN when unknown) and wall seconds since the last take; starts the next.
+  void advance(double* stolen_s, double* wall_s);
   double steal_s_;
   Steady::time_point t_;
 };

@@ -572,7 +572,7 @@ class Trainer {
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0, dumps_ = 0;
   uint64_t batch_hash_ = 0, step_batches_ = 0;  // step_batches_: loader batches before this step
   double mean_step_s_ = 0, val_loss_ = -1;
-  bool stopped_ = false, window_nonfinite_ = false;  // window_...: a step of the open window was non-finite
+  bool stopped_ = false, window_nonfinite_ = false;  // window_nonfinite_: a step of the open window was non-finite
   bool deferred_ = false;           // read step results one step late (see train_step)
   std::unique_ptr<StepResult> pending_;  // deferred_: the queued step not yet read
 };

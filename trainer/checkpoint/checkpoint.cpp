@@ -148,12 +148,6 @@ void set_idle_priority() {
   }
 }
 
-// The hypervisor's steal since `steal0_s` (clock::host_steal_s()), in ms; 0 when unknown.
-double steal_ms_since(double steal0_s) {
-  const double now = clock::host_steal_s();
-  return now >= 0 && steal0_s >= 0 ? 1e3 * (now - steal0_s) : 0;
-}
-
 }  // namespace
 
 // The save in flight: the writer thread, the staging copies it makes first, and its outcome.
@@ -167,7 +161,7 @@ struct Checkpointer::InFlight {
   std::atomic<bool> done{false};    // the writer finished; report.error and write_ms are set
   SaveReport report;
   double fence_s = 0;               // time wait_snapshot() waited for (or made) the copies
-  double steal0_s = 0;              // clock::host_steal_s() when save() began
+  clock::StealMeter steal;          // the hypervisor's steal from save() on
 };
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
@@ -218,7 +212,7 @@ void Checkpointer::step_done(double step_s) {
 // extra_s: time the loop waited for it outside any step.
 void Checkpointer::settle(double extra_s) {
   SaveReport r = inflight_->report;
-  r.steal_ms = steal_ms_since(inflight_->steal0_s);
+  r.steal_ms = 1e3 * inflight_->steal.take_s();
   r.block_ms = r.call_ms + 1e3 * (stall_.take(inflight_->fence_s) + extra_s);
   inflight_.reset();
   record(std::move(r));
@@ -301,19 +295,19 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
 void Checkpointer::save(const CheckpointState& st) {
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
-  const double steal0 = clock::host_steal_s();
   const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");
   const bool kill = kill_env && std::atoll(kill_env) == st.step;
   last_save_step_ = st.step;
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
   if (!cfg_.async) {
+    clock::StealMeter steal;
     std::vector<torch::Tensor> keep;
     const auto plans = plan_files(st, &keep, nullptr);
     const double mb = plans_mb(plans);
     interval_.set_state_mb(mb);
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     const double ms = ms_since(t0);
-    record({st.step, dir, false, ms, ms, ms, mb, steal_ms_since(steal0), err});
+    record({st.step, dir, false, ms, ms, ms, mb, 1e3 * steal.take_s(), err});
     if (!err.empty() && cfg_.on_error == "stop") throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
     return;
   }
@@ -322,7 +316,6 @@ void Checkpointer::save(const CheckpointState& st) {
   const double mb = plans_mb(plans);
   interval_.set_state_mb(mb);
   f->report = {st.step, dir, true, 0, 0, 0, mb, 0, ""};
-  f->steal0_s = steal0;
   InFlight* fl = f.get();
   inflight_ = std::move(f);
   fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
