@@ -34,6 +34,8 @@ CATEGORIES = [  # first match wins; names are LibTorch op names without "aten::"
 
 
 def category(name):
+    if name in ("lm::gelu_tanh", "lm::gelu_tanh_backward"):  # the trainer's fused kernel (models/gelu.h)
+        return "gelu"
     op = name.split("::", 1)[1] if name.startswith("aten::") else None
     if op is None:
         return "autograd_other"  # autograd::engine nodes, record_function ranges

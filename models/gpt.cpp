@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "models/attention.h"
+#include "models/gelu.h"
 
 namespace lm {
 namespace F = torch::nn::functional;
@@ -27,7 +28,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t 
   auto y = causal_attention(heads(parts[0]), k, v, dropout, is_training());  // (B, H, T, hd)
   y = proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));     // (B, T, C)
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
-  auto m = fc2->forward(torch::gelu(fc->forward(ln2->forward(h)), "tanh"));
+  auto m = fc2->forward(gelu_tanh(fc->forward(ln2->forward(h))));
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "models/build.h"
+#include "models/gelu.h"
 #include "models/gpt.h"
 #include "tests/testutil.h"
 #include "common/errors.h"
@@ -75,6 +76,57 @@ TEST(Model, CausalNoFutureLeak) {
   auto la = m->forward(a), lb = m->forward(b);
   EXPECT_TRUE(torch::allclose(la.slice(1, 0, 15), lb.slice(1, 0, 15)));
   EXPECT_FALSE(torch::allclose(la.slice(1, 15, 16), lb.slice(1, 15, 16)));
+}
+
+// The fused GELU against LibTorch's gelu(x, "tanh") in double precision: forward and backward no
+// further from it than float rounding, and never much worse than LibTorch's own float kernel.
+TEST(Gelu, MatchesTheTanhGeluForwardAndBackward) {
+  torch::manual_seed(0);
+  auto x = torch::cat({torch::linspace(-12, 12, 100003), torch::randn({4099}) * 3,
+                       torch::tensor({0.f, 1e-20f, -1e-20f, 30.f, -30.f, 88.f, -88.f, 1e4f, -1e4f, 0.5f})});
+  auto g = torch::randn_like(x);
+  auto x64 = x.to(torch::kDouble).requires_grad_(true);
+  auto y64 = torch::gelu(x64, "tanh");
+  auto dx64 = torch::autograd::grad({y64}, {x64}, {g.to(torch::kDouble)})[0];
+  auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+  auto ya = torch::gelu(xa, "tanh"), yb = gelu_tanh(xb);
+  auto dxa = torch::autograd::grad({ya}, {xa}, {g})[0], dxb = torch::autograd::grad({yb}, {xb}, {g})[0];
+  auto err = [](const torch::Tensor& got, const torch::Tensor& ref) {
+    return ((got.to(torch::kDouble) - ref.detach()).abs() / (ref.detach().abs() + 1.0)).max().item<double>();
+  };
+  EXPECT_LT(err(yb, y64), 2e-6);
+  EXPECT_LT(err(dxb, dx64), 4e-6);
+  EXPECT_LE(err(yb, y64), 4 * err(ya, y64) + 1e-7);
+  EXPECT_LE(err(dxb, dx64), 4 * err(dxa, dx64) + 1e-7);
+  auto d = torch::randn({7, 5}, torch::kDouble);  // not float32: LibTorch's kernel, exactly
+  EXPECT_TRUE(torch::equal(gelu_tanh(d), torch::gelu(d, "tanh")));
+  auto t = torch::randn({6, 9}).t();  // not contiguous: the same values as its contiguous copy
+  EXPECT_TRUE(torch::equal(gelu_tanh(t), gelu_tanh(t.contiguous())));
+}
+
+// An element's value does not depend on where a slice or a thread's range starts (odd lengths,
+// starts off the 8-lane grid) nor on the thread count, forward and backward.
+TEST(Gelu, ResultDoesNotDependOnSplitOrThreads) {
+  torch::manual_seed(1);
+  auto x = torch::randn({100003}) * 4, g = torch::randn({100003});
+  auto both = [&](const torch::Tensor& xs, const torch::Tensor& gs) {
+    auto v = xs.clone().requires_grad_(true);
+    auto y = gelu_tanh(v);
+    return std::make_pair(y.detach(), torch::autograd::grad({y}, {v}, {gs})[0]);
+  };
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  auto [y1, d1] = both(x, g);
+  torch::set_num_threads(2);
+  auto [y2, d2] = both(x, g);
+  torch::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(y1, y2));
+  EXPECT_TRUE(torch::equal(d1, d2));
+  for (int64_t start : {1, 3, 7, 13}) {
+    auto [ys, ds] = both(x.slice(0, start, start + 1001), g.slice(0, start, start + 1001));
+    EXPECT_TRUE(torch::equal(ys, y1.slice(0, start, start + 1001))) << start;
+    EXPECT_TRUE(torch::equal(ds, d1.slice(0, start, start + 1001))) << start;
+  }
 }
 
 TEST(FlatParams, ViewsGroupsAndGradients) {
