@@ -19,16 +19,18 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     return torch::matmul(torch::softmax(att, -1), v);
   }
   if constexpr (compat::kHasSdpa) return compat::sdpa_causal(q, k, v, train ? dropout_p : 0.0);
-  const int64_t T = q.size(-2);
-  thread_local torch::Tensor mask;  // (T, T) true above the diagonal
-  if (!mask.defined() || mask.size(0) < T || mask.device() != q.device())
-    mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  auto m = mask.size(0) == T ? mask : mask.slice(0, 0, T).slice(1, 0, T);
-  auto att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(q.size(-1)))), k.transpose(-2, -1));
-  att.masked_fill_(m, -std::numeric_limits<float>::infinity());
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
+  thread_local torch::Tensor bias;  // (T, T): 0 on and below the diagonal, -inf above
+  if (!bias.defined() || bias.size(0) < T || bias.device() != q.device())
+    bias = torch::full({T, T}, -std::numeric_limits<float>::infinity(), q.options()).triu(1);
+  auto b = bias.size(0) == T ? bias : bias.slice(0, 0, T).slice(1, 0, T);
+  // One BLAS call per head does the scale (alpha) and the mask (beta = 1 on the copied bias).
+  auto att = torch::baddbmm(b.to(q.scalar_type()).expand({B * H, T, T}), q.reshape({B * H, T, hd}),
+                            k.reshape({B * H, T, hd}).transpose(1, 2), 1.0,
+                            1.0 / std::sqrt(static_cast<double>(hd)));
   att = torch::softmax(att, -1);
   if (train && dropout_p > 0) att = torch::dropout(att, dropout_p, true);
-  return torch::matmul(att, v);
+  return torch::bmm(att, v.reshape({B * H, T, hd})).view({B, H, T, hd});
 }
 
 }  // namespace lm

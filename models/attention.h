@@ -9,8 +9,8 @@ namespace lm {
 // Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd). With k, v of S > T positions
 // (a KV cache), q holds the last T of them (plain kernel, no dropout).
 // LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
-// 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v, with the scale folded into q and a
-// cached mask. dropout_p applies to the attention weights, only when `train`.
+// 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v; one baddbmm applies the scale and a
+// cached additive mask (0 / -inf) per head, so neither costs a pass of its own. dropout_p applies to the attention weights, only when `train`.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout_p, bool train);
 
