@@ -16,7 +16,7 @@ import json
 import sys
 
 CATEGORIES = [  # first match wins; names are LibTorch op names without "aten::"
-    ("matmul", ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot")),
+    ("matmul", ("mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_", "mv", "addmv", "dot")),
     ("gelu", ("gelu", "gelu_backward")),
     ("softmax", ("_softmax", "_softmax_backward_data", "softmax")),
     ("loss", ("log_softmax", "_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
@@ -34,8 +34,10 @@ CATEGORIES = [  # first match wins; names are LibTorch op names without "aten::"
 
 
 def category(name):
-    if name in ("lm::gelu_tanh", "lm::gelu_tanh_backward"):  # the trainer's fused kernel (models/gelu.h)
+    if name in ("lm::gelu_tanh", "lm::gelu_tanh_backward"):  # the trainer's fused kernels (models/cpu_kernels.h)
         return "gelu"
+    if name in ("lm::cross_entropy_sum", "lm::cross_entropy_sum_backward"):
+        return "loss"
     op = name.split("::", 1)[1] if name.startswith("aten::") else None
     if op is None:
         return "autograd_other"  # autograd::engine nodes, record_function ranges

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "models/attention.h"
-#include "models/gelu.h"
+#include "models/cpu_kernels.h"
 
 namespace lm {
 namespace F = torch::nn::functional;

@@ -1,23 +1,24 @@
 // The language-model interface's shared parts (see lm.h).
 #include "models/lm.h"
 
+#include "models/cpu_kernels.h"
+
 namespace lm {
-namespace F = torch::nn::functional;
 namespace {
-torch::Tensor lm_loss(LMImpl& m, const torch::Tensor& idx, const torch::Tensor& targets,
-                      F::CrossEntropyFuncOptions::reduction_t reduction) {
+// Summed over targets != -1 (models/cpu_kernels.h: fused on CPU float32, LibTorch's elsewhere).
+torch::Tensor lm_loss_sum(LMImpl& m, const torch::Tensor& idx, const torch::Tensor& targets) {
   auto logits = m.forward(idx, nullptr);
-  return F::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(-1).reduction(reduction));
+  return cross_entropy_sum(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}));
 }
 }  // namespace
 
 torch::Tensor LMImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return lm_loss(*this, idx, targets, torch::kMean);
+  // LibTorch's mean over targets != -1: NaN (0/0) when every target is -1.
+  return lm_loss_sum(*this, idx, targets) / (targets != -1).sum().to(torch::kFloat);
 }
 
 torch::Tensor LMImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return lm_loss(*this, idx, targets, torch::kSum);
+  return lm_loss_sum(*this, idx, targets);
 }
 
 int64_t LMImpl::num_params() const {

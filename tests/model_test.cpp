@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "models/build.h"
-#include "models/gelu.h"
+#include "models/cpu_kernels.h"
 #include "models/gpt.h"
 #include "tests/testutil.h"
 #include "common/errors.h"
@@ -127,6 +130,56 @@ TEST(Gelu, ResultDoesNotDependOnSplitOrThreads) {
     EXPECT_TRUE(torch::equal(ys, y1.slice(0, start, start + 1001))) << start;
     EXPECT_TRUE(torch::equal(ds, d1.slice(0, start, start + 1001))) << start;
   }
+}
+
+// The fused loss against LibTorch's cross_entropy(sum, ignore_index -1) in double: the loss and
+// every logit's gradient within float rounding; bad targets, NaN logits and all-ignored batches
+// as LibTorch has them; the same bits at 1 and 2 threads.
+TEST(CrossEntropy, MatchesLibTorchsSummedLossAndGradient) {
+  namespace F = torch::nn::functional;
+  torch::manual_seed(2);
+  const int64_t N = 300, V = 1003;  // V off the 8-lane grid; N spans several threads' ranges
+  auto x = torch::randn({N, V}) * 4;
+  x.slice(0, 0, 5) += 60;  // rows of large logits
+  auto t = torch::randint(0, V, {N}, torch::kLong);
+  t.slice(0, 10, 20).fill_(-1);
+  auto x64 = x.to(torch::kDouble).requires_grad_(true);
+  auto ref = F::cross_entropy(x64, t, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  auto ref_grad = torch::autograd::grad({ref}, {x64}, {torch::tensor(0.5, torch::kDouble)})[0];
+  auto run = [&](int threads) {
+    const int before = torch::get_num_threads();
+    torch::set_num_threads(threads);
+    auto v = x.clone().requires_grad_(true);
+    auto loss = cross_entropy_sum(v, t);
+    auto grad = torch::autograd::grad({loss}, {v}, {torch::tensor(0.5f)})[0];
+    torch::set_num_threads(before);
+    return std::make_pair(loss.detach(), grad);
+  };
+  auto [loss, grad] = run(1);
+  auto xf = x.clone().requires_grad_(true);  // LibTorch's own float kernel, for scale
+  auto lf = F::cross_entropy(xf, t, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  auto gf = torch::autograd::grad({lf}, {xf}, {torch::tensor(0.5f)})[0];
+  auto grad_err = [&](const torch::Tensor& g) { return (g.to(torch::kDouble) - ref_grad).abs().max().item<double>(); };
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-6 * ref.item<double>());
+  EXPECT_LT(grad_err(grad), 1e-6);
+  EXPECT_LE(grad_err(grad), 2 * grad_err(gf) + 1e-8) << grad_err(gf);
+  EXPECT_TRUE(torch::equal(grad.slice(0, 10, 20), torch::zeros({10, V})));  // ignored rows
+  auto [loss2, grad2] = run(2);
+  EXPECT_TRUE(torch::equal(loss, loss2));
+  EXPECT_TRUE(torch::equal(grad, grad2));
+
+  auto bad = t.clone();
+  bad[7] = V;
+  EXPECT_THROW(cross_entropy_sum(x, bad), c10::Error);
+  bad[7] = -2;
+  EXPECT_THROW(cross_entropy_sum(x, bad), c10::Error);
+  auto nan = x.clone();
+  nan[3][V - 1] = std::numeric_limits<float>::quiet_NaN();  // in the padded tail of the row
+  EXPECT_TRUE(std::isnan(cross_entropy_sum(nan, t).item<float>()));
+  EXPECT_EQ(cross_entropy_sum(x, torch::full({N}, -1, torch::kLong)).item<float>(), 0.0f);
+  auto d = x.to(torch::kDouble);  // not float32: LibTorch's op
+  EXPECT_TRUE(torch::equal(cross_entropy_sum(d, t),
+                           F::cross_entropy(d, t, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum))));
 }
 
 TEST(FlatParams, ViewsGroupsAndGradients) {

@@ -1,0 +1,306 @@
+// Fused CPU kernels: GELU (tanh approximation) and the summed cross-entropy (see cpu_kernels.h).
+//
+// GELU. With z = 2u = x (a + b x^2), a = 2 sqrt(2/pi), b = a * 0.044715, and s = sigmoid(z):
+//   forward   y  = x s
+//   backward  dx = dy (s + x s (1 - s) (a + 3 b x^2))
+// (LibTorch's tanh form, 0.5 x (1 + t) and 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, rewritten with
+// 1 + t = 2s and 1 - t^2 = 4 s (1 - s).) exp is Cephes' single-precision polynomial (as in
+// avx_mathfun), about 1 ulp; a run of fewer than 8 elements is padded and goes through the same
+// vector code, so an element's result never depends on where a thread's range starts.
+// Cross-entropy. Per row with target t: m = max x, lse = m + log sum exp(x - m), loss = lse - x_t;
+// backward dx = dloss (exp(x - lse) - [j = t]). Rows go whole to one thread; the rows' losses
+// are added in row order in double.
+#include "models/cpu_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace lm {
+namespace {
+
+constexpr float kA = 1.5957691216057308f;     // 2 sqrt(2/pi)
+constexpr float kB = 1.5957691216057308f * 0.044715f;
+constexpr int64_t kGrain = 1 << 15;           // elements per parallel_for task
+
+// The portable version of the same formulas (CPUs without AVX2+FMA, non-x86 builds).
+inline float sigmoid_z(float x) { return 1.0f / (1.0f + std::exp(-x * (kA + kB * x * x))); }
+
+void forward_scalar(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_z(x[i]);
+}
+
+void backward_scalar(const float* x, const float* g, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = sigmoid_z(x[i]);
+    dx[i] = g[i] * (s + x[i] * s * (1.0f - s) * (kA + 3.0f * kB * x[i] * x[i]));
+  }
+}
+
+float row_max_scalar(const float* x, int64_t n) { return *std::max_element(x, x + n); }
+
+float row_sum_exp_scalar(const float* x, int64_t n, float shift) {
+  float s = 0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - shift);
+  return s;
+}
+
+void row_softmax_scalar(const float* x, float* dx, int64_t n, float m, float logs, float g) {
+  for (int64_t j = 0; j < n; ++j) dx[j] = std::exp((x[j] - m) - logs) * g;
+}
+
+#if defined(__x86_64__)
+#define LM_AVX2 __attribute__((target("avx2,fma")))
+
+LM_AVX2 inline __m256 exp8(__m256 x) {  // Cephes expf; |x| clamped to 88 (finite 2^n)
+  // Operand order keeps a NaN (max/min return the second operand when either is NaN).
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-88.0f), x));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+LM_AVX2 inline __m256 sigmoid_z8(__m256 x, __m256 x2) {  // sigmoid(x (a + b x^2))
+  __m256 z = _mm256_mul_ps(x, _mm256_fmadd_ps(_mm256_set1_ps(kB), x2, _mm256_set1_ps(kA)));
+  __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), z))));
+}
+
+LM_AVX2 inline void forward8(const float* x, float* y) {
+  __m256 v = _mm256_loadu_ps(x);
+  _mm256_storeu_ps(y, _mm256_mul_ps(v, sigmoid_z8(v, _mm256_mul_ps(v, v))));
+}
+
+LM_AVX2 inline void backward8(const float* x, const float* g, float* dx) {
+  __m256 v = _mm256_loadu_ps(x), v2 = _mm256_mul_ps(v, v), s = sigmoid_z8(v, v2);
+  __m256 dz = _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kB), v2, _mm256_set1_ps(kA));
+  __m256 slope = _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s));
+  _mm256_storeu_ps(dx, _mm256_mul_ps(_mm256_loadu_ps(g), _mm256_fmadd_ps(slope, dz, s)));
+}
+
+LM_AVX2 void forward_avx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) forward8(x + i, y + i);
+  if (i == n) return;
+  float bx[8] = {}, by[8];
+  std::copy(x + i, x + n, bx);
+  forward8(bx, by);
+  std::copy(by, by + (n - i), y + i);
+}
+
+LM_AVX2 void backward_avx2(const float* x, const float* g, float* dx, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) backward8(x + i, g + i, dx + i);
+  if (i == n) return;
+  float bx[8] = {}, bg[8] = {}, bd[8];
+  std::copy(x + i, x + n, bx);
+  std::copy(g + i, g + n, bg);
+  backward8(bx, bg, bd);
+  std::copy(bd, bd + (n - i), dx + i);
+}
+
+// Cross-entropy rows. A tail of fewer than 8 logits is padded with `shift` (exp(0) = 1, then left
+// out), so every logit goes through the vector exp.
+LM_AVX2 float row_max_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + j));
+  float b[8];
+  _mm256_storeu_ps(b, m);
+  float r = *std::max_element(b, b + 8);  // a NaN may be lost here; the exp pass keeps it
+  for (; j < n; ++j) r = std::max(r, x[j]);
+  return r;
+}
+
+// exp((x - shift) - shift2) of 8 logits (n >= 8) or of a padded tail of n < 8.
+LM_AVX2 inline __m256 exp_shifted8(const float* x, int64_t n, float shift, float shift2, float* pad) {
+  if (n < 8) {
+    std::fill(pad, pad + 8, shift);
+    std::copy(x, x + n, pad);
+    x = pad;
+  }
+  __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x), _mm256_set1_ps(shift));
+  return exp8(shift2 == 0.0f ? d : _mm256_sub_ps(d, _mm256_set1_ps(shift2)));
+}
+
+LM_AVX2 float row_sum_exp_avx2(const float* x, int64_t n, float shift) {  // sum exp(x - shift)
+  __m256 acc = _mm256_setzero_ps();
+  float pad[8], b[8];
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, exp_shifted8(x + j, 8, shift, 0.0f, pad));
+  _mm256_storeu_ps(b, acc);
+  float s = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+  if (j == n) return s;
+  _mm256_storeu_ps(b, exp_shifted8(x + j, n - j, shift, 0.0f, pad));
+  for (int64_t k = 0; k < n - j; ++k) s += b[k];
+  return s;
+}
+
+// g exp((x - m) - logs)
+LM_AVX2 void row_softmax_avx2(const float* x, float* dx, int64_t n, float m, float logs, float g) {
+  float pad[8], b[8];
+  const __m256 vg = _mm256_set1_ps(g);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dx + j, _mm256_mul_ps(exp_shifted8(x + j, 8, m, logs, pad), vg));
+  if (j == n) return;
+  _mm256_storeu_ps(b, _mm256_mul_ps(exp_shifted8(x + j, n - j, m, logs, pad), vg));
+  std::copy(b, b + (n - j), dx + j);
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+torch::Tensor forward_kernel(const torch::Tensor& x) {
+  RECORD_FUNCTION("lm::gelu_tanh", std::vector<c10::IValue>({x}));
+  auto y = torch::empty_like(x);
+  const float* px = x.data_ptr<float>();
+  float* py = y.data_ptr<float>();
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
+#if defined(__x86_64__)
+    if (has_avx2()) return forward_avx2(px + b, py + b, e - b);
+#endif
+    forward_scalar(px + b, py + b, e - b);
+  });
+  return y;
+}
+
+torch::Tensor backward_kernel(const torch::Tensor& x, const torch::Tensor& grad) {
+  RECORD_FUNCTION("lm::gelu_tanh_backward", std::vector<c10::IValue>({grad, x}));
+  auto g = grad.contiguous();
+  auto dx = torch::empty_like(x);
+  const float *px = x.data_ptr<float>(), *pg = g.data_ptr<float>();
+  float* pd = dx.data_ptr<float>();
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
+#if defined(__x86_64__)
+    if (has_avx2()) return backward_avx2(px + b, pg + b, pd + b, e - b);
+#endif
+    backward_scalar(px + b, pg + b, pd + b, e - b);
+  });
+  return dx;
+}
+
+struct GeluTanh : torch::autograd::Function<GeluTanh> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    ctx->save_for_backward({x});
+    return forward_kernel(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {backward_kernel(ctx->get_saved_variables()[0], grads[0])};
+  }
+};
+
+// One row of the loss: its log-sum-exp as max m and log sum exp(x - m), kept apart (as LibTorch's
+// log_softmax does) so that x - m is exact before the log is taken off.
+void row_lse(const float* x, int64_t n, float* m_logs) {
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    m_logs[0] = row_max_avx2(x, n);
+    m_logs[1] = std::log(row_sum_exp_avx2(x, n, m_logs[0]));
+    return;
+  }
+#endif
+  m_logs[0] = row_max_scalar(x, n);
+  m_logs[1] = std::log(row_sum_exp_scalar(x, n, m_logs[0]));
+}
+
+void row_softmax(const float* x, float* dx, int64_t n, const float* m_logs, float g) {
+#if defined(__x86_64__)
+  if (has_avx2()) return row_softmax_avx2(x, dx, n, m_logs[0], m_logs[1], g);
+#endif
+  row_softmax_scalar(x, dx, n, m_logs[0], m_logs[1], g);
+}
+
+struct CrossEntropySum : torch::autograd::Function<CrossEntropySum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+    RECORD_FUNCTION("lm::cross_entropy_sum", std::vector<c10::IValue>({logits, targets}));
+    const int64_t N = logits.size(0), V = logits.size(1);
+    const float* px = logits.data_ptr<float>();
+    const int64_t* pt = targets.data_ptr<int64_t>();
+    auto lse = torch::zeros({N, 2}, logits.options());  // per row: m, log sum exp(x - m)
+    float* pl = lse.data_ptr<float>();
+    std::vector<double> row_loss(N, 0.0);
+    at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        if (pt[i] < 0) continue;
+        row_lse(px + i * V, V, pl + 2 * i);
+        row_loss[i] = static_cast<double>(pl[2 * i + 1]) - (px[i * V + pt[i]] - pl[2 * i]);
+      }
+    });
+    double total = 0;
+    for (double l : row_loss) total += l;
+    ctx->save_for_backward({logits, targets, lse});
+    return torch::scalar_tensor(total, logits.options());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("lm::cross_entropy_sum_backward", std::vector<c10::IValue>({grads[0]}));
+    auto saved = ctx->get_saved_variables();
+    const auto& logits = saved[0];
+    const int64_t N = logits.size(0), V = logits.size(1);
+    const float* px = logits.data_ptr<float>();
+    const int64_t* pt = saved[1].data_ptr<int64_t>();
+    const float* pl = saved[2].data_ptr<float>();
+    const float g = grads[0].item<float>();
+    auto dx = torch::empty_like(logits);
+    float* pd = dx.data_ptr<float>();
+    at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        if (pt[i] < 0) {
+          std::fill(pd + i * V, pd + (i + 1) * V, 0.0f);
+          continue;
+        }
+        row_softmax(px + i * V, pd + i * V, V, pl + 2 * i, g);
+        pd[i * V + pt[i]] -= g;
+      }
+    });
+    return {dx, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor gelu_tanh(const torch::Tensor& x) {
+  if (!x.device().is_cpu() || x.scalar_type() != torch::kFloat || x.layout() != torch::kStrided)
+    return torch::gelu(x, "tanh");
+  auto xc = x.contiguous();
+  if (!torch::GradMode::is_enabled() || !xc.requires_grad()) return forward_kernel(xc);
+  return GeluTanh::apply(xc);
+}
+
+torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  namespace F = torch::nn::functional;
+  if (!logits.device().is_cpu() || logits.scalar_type() != torch::kFloat || logits.dim() != 2 ||
+      targets.scalar_type() != torch::kLong || logits.layout() != torch::kStrided)
+    return F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), "cross_entropy_sum: ", targets.sizes(),
+              " targets for logits of ", logits.sizes());
+  auto t = targets.contiguous();
+  const int64_t* pt = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    TORCH_CHECK(pt[i] >= -1 && pt[i] < logits.size(1), "Target ", pt[i], " is out of bounds.");
+  return CrossEntropySum::apply(logits.contiguous(), t);
+}
+
+}  // namespace lm

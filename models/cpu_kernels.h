@@ -1,0 +1,27 @@
+// Fused CPU kernels for the two element-wise stages LibTorch's CPU build does slowly in a GPT step:
+// the GELU and the loss. Each is one pass forward and one backward, with one exp per element
+// (AVX2+FMA where the CPU has it, a portable loop otherwise), and each agrees with LibTorch's op
+// within float rounding (a few ulp), not bit for bit. An element's (a row's) result never depends
+// on how the tensor is split between threads, so a run is reproducible at any thread count.
+// Anything but CPU float32 goes to LibTorch's own op (CUDA, bf16, fp64).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace lm {
+
+// GPT-2's activation, GELU with the tanh approximation, differentiable:
+//   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//           = x * sigmoid(2u)       (the same function: 1 + tanh(u) = 2 sigmoid(2u))
+// LibTorch's CPU gelu(x, "tanh") spends most of its time in a slow tanh (on Debian's 1.13 it costs
+// 3.6x the erf GELU, and was 11% of a kjv training step). The backward recomputes the sigmoid
+// from the saved input.
+torch::Tensor gelu_tanh(const torch::Tensor& x);
+
+// Next-token cross-entropy summed over the rows whose target is not -1, differentiable in logits:
+// logits (N, V), targets (N) int64 in [0, V) or -1. The forward keeps one log-sum-exp per row (not
+// a (N, V) log-softmax), the backward writes softmax - one-hot in one pass. A target outside
+// [0, V) and not -1 throws like LibTorch's ("Target 9 is out of bounds.").
+torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace lm
