@@ -14,4 +14,9 @@ namespace lm {
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout_p, bool train);
 
+// Causal self-attention of a packed qkv (B, T, 3C) as q | k | v of n_head heads -> (B, T, C), heads
+// side by side. On LibTorch 1.13 on CPU float32 without dropout: the fused kernel
+// (models/cpu_kernels.h, no split, transposes or concatenation); otherwise causal_attention above.
+torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train);
+
 }  // namespace lm

@@ -1,5 +1,5 @@
-// Fused CPU kernels for the two element-wise stages LibTorch's CPU build does slowly in a GPT step:
-// the GELU and the loss. Each is one pass forward and one backward, with one exp per element
+// Fused CPU kernels for the stages LibTorch's CPU build does slowly in a GPT step: the GELU, the
+// loss and (on 1.13) the attention. Each is one pass forward and one backward, with one exp per element
 // (AVX2+FMA where the CPU has it, a portable loop otherwise), and each agrees with LibTorch's op
 // within float rounding (a few ulp), not bit for bit. An element's (a row's) result never depends
 // on how the tensor is split between threads, so a run is reproducible at any thread count.
@@ -23,5 +23,15 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 // a (N, V) log-softmax), the backward writes softmax - one-hot in one pass. A target outside
 // [0, V) and not -1 throws like LibTorch's ("Target 9 is out of bounds.").
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// Causal self-attention of packed heads, what GPT's fused qkv projection gives: qkv (B, T, 3C) as
+// q | k | v, each C = n_head x hd wide -> y (B, T, C), heads side by side (the layout the output
+// projection reads, so no transposes are copied). Per head: one sgemm for the scores, a causal
+// softmax in place, one sgemm for y; the backward writes dq | dk | dv straight into one (B, T, 3C)
+// gradient (no concatenation) with four sgemms per head. The attention weights (B*H, T, T) are
+// kept for the backward, as LibTorch's softmax keeps them. Used on LibTorch 1.13 (2.x has SDPA),
+// only without dropout. BLAS is the sgemm_ LibTorch itself calls, looked up in the process.
+bool causal_attention_qkv_applies(const torch::Tensor& qkv);  // CPU float32 (B, T, 3C) and BLAS found
+torch::Tensor causal_attention_qkv(const torch::Tensor& qkv, int64_t n_head);
 
 }  // namespace lm

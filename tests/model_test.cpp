@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/compat.h"
+#include "models/attention.h"
 #include "models/build.h"
 #include "models/cpu_kernels.h"
 #include "models/gpt.h"
@@ -180,6 +182,43 @@ TEST(CrossEntropy, MatchesLibTorchsSummedLossAndGradient) {
   auto d = x.to(torch::kDouble);  // not float32: LibTorch's op
   EXPECT_TRUE(torch::equal(cross_entropy_sum(d, t),
                            F::cross_entropy(d, t, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum))));
+}
+
+// The fused attention of packed heads against the split-heads path in double (LibTorch's ops):
+// output and the gradient of every q, k, v entry within float rounding; causal (a later position
+// never changes an earlier output).
+TEST(CausalAttention, FusedPackedHeadsMatchTheSplitHeadsPath) {
+  if (!causal_attention_qkv_applies(torch::zeros({1, 1, 3}))) {
+    ASSERT_TRUE(compat::kHasSdpa) << "LibTorch 1.13 on CPU must have found BLAS's sgemm_";
+    GTEST_SKIP() << "no sgemm_ in this process (LibTorch 2.x uses SDPA instead)";
+  }
+  torch::manual_seed(3);
+  const int64_t B = 2, T = 37, H = 4, hd = 8, C = H * hd;
+  auto qkv = torch::randn({B, T, 3 * C});
+  auto g = torch::randn({B, T, C});
+  auto ref_in = qkv.to(torch::kDouble).requires_grad_(true);
+  auto parts = ref_in.split(C, 2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, hd}).transpose(1, 2); };
+  auto ref = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), 0.0, true)
+                 .transpose(1, 2).contiguous().view({B, T, C});
+  auto ref_grad = torch::autograd::grad({ref}, {ref_in}, {g.to(torch::kDouble)})[0];
+  auto run = [&](const torch::Tensor& in) {
+    auto v = in.clone().requires_grad_(true);
+    auto y = causal_attention_qkv(v, H);
+    return std::make_pair(y.detach(), torch::autograd::grad({y}, {v}, {g})[0]);
+  };
+  auto [y, grad] = run(qkv);
+  auto err = [](const torch::Tensor& a, const torch::Tensor& b) { return (a.to(torch::kDouble) - b.detach()).abs().max().item<double>(); };
+  EXPECT_LT(err(y, ref), 2e-6);
+  EXPECT_LT(err(grad, ref_grad), 2e-5);
+  auto later = qkv.clone();
+  later.slice(1, 20, T) += 1;  // positions 20.. changed: outputs before 20 are the same bits
+  EXPECT_TRUE(torch::equal(run(later).first.slice(1, 0, 20), y.slice(1, 0, 20)));
+  EXPECT_FALSE(torch::equal(run(later).first.slice(1, 20, T), y.slice(1, 20, T)));
+  // The model's path: dropout in training, or a non-float tensor, takes the split-heads path.
+  auto d = qkv.to(torch::kDouble);
+  EXPECT_FALSE(causal_attention_qkv_applies(d));
+  EXPECT_LT(err(causal_self_attention(d, H, 0.0, true), ref), 1e-12);
 }
 
 TEST(FlatParams, ViewsGroupsAndGradients) {
