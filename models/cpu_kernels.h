@@ -1,9 +1,9 @@
 // Fused CPU kernels for the stages LibTorch's CPU build does slowly in a GPT step: the GELU, the
-// loss and (on 1.13) the attention. Each is one pass forward and one backward, with one exp per element
-// (AVX2+FMA where the CPU has it, a portable loop otherwise), and each agrees with LibTorch's op
-// within float rounding (a few ulp), not bit for bit. An element's (a row's) result never depends
-// on how the tensor is split between threads, so a run is reproducible at any thread count.
-// Anything but CPU float32 goes to LibTorch's own op (CUDA, bf16, fp64).
+// loss and (on 1.13) the attention. Each is one pass forward and one backward, with one exp per
+// element (AVX2+FMA where the CPU has it, a portable loop otherwise), and each agrees with
+// LibTorch's op within float rounding (a few ulp), not bit for bit. An element's (a row's) result
+// never depends on how the tensor is split between threads, so a run is reproducible at any thread
+// count. Anything but CPU float32 goes to LibTorch's own op (CUDA, bf16, fp64).
 #pragma once
 
 #include <torch/torch.h>
