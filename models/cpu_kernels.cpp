@@ -1,4 +1,5 @@
-// Fused CPU kernels: GELU (tanh approximation) and the summed cross-entropy (see cpu_kernels.h).
+// Fused CPU kernels: GELU (tanh approximation), the summed cross-entropy and the causal attention
+// of packed heads (see cpu_kernels.h).
 //
 // GELU. With z = 2u = x (a + b x^2), a = 2 sqrt(2/pi), b = a * 0.044715, and s = sigmoid(z):
 //   forward   y  = x s
@@ -10,6 +11,9 @@
 // Cross-entropy. Per row with target t: m = max x, lse = m + log sum exp(x - m), loss = lse - x_t;
 // backward dx = dloss (exp(x - lse) - [j = t]). Rows go whole to one thread; the rows' losses
 // are added in row order in double.
+// Attention. Per head, row-major: S = scale q k^T, P = causal softmax of S (the loss's row
+// helpers), y = P v; backward dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(P dP)),
+// dq = scale dS k, dk = scale dS^T q.
 #include "models/cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -35,11 +39,11 @@ constexpr int64_t kGrain = 1 << 15;           // elements per parallel_for task
 // The portable version of the same formulas (CPUs without AVX2+FMA, non-x86 builds).
 inline float sigmoid_z(float x) { return 1.0f / (1.0f + std::exp(-x * (kA + kB * x * x))); }
 
-void forward_scalar(const float* x, float* y, int64_t n) {
+void gelu_forward_scalar(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_z(x[i]);
 }
 
-void backward_scalar(const float* x, const float* g, float* dx, int64_t n) {
+void gelu_backward_scalar(const float* x, const float* g, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float s = sigmoid_z(x[i]);
     dx[i] = g[i] * (s + x[i] * s * (1.0f - s) * (kA + 3.0f * kB * x[i] * x[i]));
@@ -84,36 +88,36 @@ LM_AVX2 inline __m256 sigmoid_z8(__m256 x, __m256 x2) {  // sigmoid(x (a + b x^2
   return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), z))));
 }
 
-LM_AVX2 inline void forward8(const float* x, float* y) {
+LM_AVX2 inline void gelu_forward8(const float* x, float* y) {
   __m256 v = _mm256_loadu_ps(x);
   _mm256_storeu_ps(y, _mm256_mul_ps(v, sigmoid_z8(v, _mm256_mul_ps(v, v))));
 }
 
-LM_AVX2 inline void backward8(const float* x, const float* g, float* dx) {
+LM_AVX2 inline void gelu_backward8(const float* x, const float* g, float* dx) {
   __m256 v = _mm256_loadu_ps(x), v2 = _mm256_mul_ps(v, v), s = sigmoid_z8(v, v2);
   __m256 dz = _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kB), v2, _mm256_set1_ps(kA));
   __m256 slope = _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s));
   _mm256_storeu_ps(dx, _mm256_mul_ps(_mm256_loadu_ps(g), _mm256_fmadd_ps(slope, dz, s)));
 }
 
-LM_AVX2 void forward_avx2(const float* x, float* y, int64_t n) {
+LM_AVX2 void gelu_forward_avx2(const float* x, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) forward8(x + i, y + i);
+  for (; i + 8 <= n; i += 8) gelu_forward8(x + i, y + i);
   if (i == n) return;
   float bx[8] = {}, by[8];
   std::copy(x + i, x + n, bx);
-  forward8(bx, by);
+  gelu_forward8(bx, by);
   std::copy(by, by + (n - i), y + i);
 }
 
-LM_AVX2 void backward_avx2(const float* x, const float* g, float* dx, int64_t n) {
+LM_AVX2 void gelu_backward_avx2(const float* x, const float* g, float* dx, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) backward8(x + i, g + i, dx + i);
+  for (; i + 8 <= n; i += 8) gelu_backward8(x + i, g + i, dx + i);
   if (i == n) return;
   float bx[8] = {}, bg[8] = {}, bd[8];
   std::copy(x + i, x + n, bx);
   std::copy(g + i, g + n, bg);
-  backward8(bx, bg, bd);
+  gelu_backward8(bx, bg, bd);
   std::copy(bd, bd + (n - i), dx + i);
 }
 
@@ -171,21 +175,21 @@ bool has_avx2() {
 }
 #endif
 
-torch::Tensor forward_kernel(const torch::Tensor& x) {
+torch::Tensor gelu_tanh_forward(const torch::Tensor& x) {
   RECORD_FUNCTION("lm::gelu_tanh", std::vector<c10::IValue>({x}));
   auto y = torch::empty_like(x);
   const float* px = x.data_ptr<float>();
   float* py = y.data_ptr<float>();
   at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
 #if defined(__x86_64__)
-    if (has_avx2()) return forward_avx2(px + b, py + b, e - b);
+    if (has_avx2()) return gelu_forward_avx2(px + b, py + b, e - b);
 #endif
-    forward_scalar(px + b, py + b, e - b);
+    gelu_forward_scalar(px + b, py + b, e - b);
   });
   return y;
 }
 
-torch::Tensor backward_kernel(const torch::Tensor& x, const torch::Tensor& grad) {
+torch::Tensor gelu_tanh_backward(const torch::Tensor& x, const torch::Tensor& grad) {
   RECORD_FUNCTION("lm::gelu_tanh_backward", std::vector<c10::IValue>({grad, x}));
   auto g = grad.contiguous();
   auto dx = torch::empty_like(x);
@@ -193,9 +197,9 @@ torch::Tensor backward_kernel(const torch::Tensor& x, const torch::Tensor& grad)
   float* pd = dx.data_ptr<float>();
   at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
 #if defined(__x86_64__)
-    if (has_avx2()) return backward_avx2(px + b, pg + b, pd + b, e - b);
+    if (has_avx2()) return gelu_backward_avx2(px + b, pg + b, pd + b, e - b);
 #endif
-    backward_scalar(px + b, pg + b, pd + b, e - b);
+    gelu_backward_scalar(px + b, pg + b, pd + b, e - b);
   });
   return dx;
 }
@@ -203,11 +207,11 @@ torch::Tensor backward_kernel(const torch::Tensor& x, const torch::Tensor& grad)
 struct GeluTanh : torch::autograd::Function<GeluTanh> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
     ctx->save_for_backward({x});
-    return forward_kernel(x);
+    return gelu_tanh_forward(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {backward_kernel(ctx->get_saved_variables()[0], grads[0])};
+    return {gelu_tanh_backward(ctx->get_saved_variables()[0], grads[0])};
   }
 };
 
@@ -382,7 +386,7 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
   if (!x.device().is_cpu() || x.scalar_type() != torch::kFloat || x.layout() != torch::kStrided)
     return torch::gelu(x, "tanh");
   auto xc = x.contiguous();
-  if (!torch::GradMode::is_enabled() || !xc.requires_grad()) return forward_kernel(xc);
+  if (!torch::GradMode::is_enabled() || !xc.requires_grad()) return gelu_tanh_forward(xc);
   return GeluTanh::apply(xc);
 }
 
