@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "common/compat.h"
 #include "models/cpu_kernels.h"
+#include "models/lm.h"
 
 namespace lm {
 
@@ -34,13 +36,16 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return torch::bmm(att, v.reshape({B * H, T, hd})).view({B, H, T, hd});
 }
 
-torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train) {
+torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train,
+                                    KVCache* cache, size_t layer) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hd = C / n_head;
-  if (!compat::kHasSdpa && !(train && dropout_p > 0) && causal_attention_qkv_applies(qkv))
+  if (!cache && !compat::kHasSdpa && !(train && dropout_p > 0) && causal_attention_qkv_applies(qkv))
     return causal_attention_qkv(qkv, n_head);
   auto parts = qkv.split(C, 2);  // 3 x (B, T, C)
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
-  auto y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), dropout_p, train);
+  auto k = heads(parts[1]), v = heads(parts[2]);
+  if (cache) std::tie(k, v) = cache_append(cache, layer, k, v);
+  auto y = causal_attention(heads(parts[0]), k, v, dropout_p, train);  // (B, H, T, hd)
   return y.transpose(1, 2).contiguous().view({B, T, C});
 }
 

@@ -10,13 +10,18 @@ namespace lm {
 // (a KV cache), q holds the last T of them (plain kernel, no dropout).
 // LibTorch >= 2.0: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels).
 // 1.13: the plain softmax(q k^T / sqrt(hd) + causal mask) v; one baddbmm applies the scale and a
-// cached additive mask (0 / -inf) per head, so neither costs a pass of its own. dropout_p applies to the attention weights, only when `train`.
+// cached additive mask (0 / -inf) per head, so neither costs a pass of its own. dropout_p applies
+// to the attention weights, only when `train`.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout_p, bool train);
 
+struct KVCache;
+
 // Causal self-attention of a packed qkv (B, T, 3C) as q | k | v of n_head heads -> (B, T, C), heads
-// side by side. On LibTorch 1.13 on CPU float32 without dropout: the fused kernel
-// (models/cpu_kernels.h, no split, transposes or concatenation); otherwise causal_attention above.
-torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train);
+// side by side. With a cache, this layer's keys/values are appended and attended to (lm.h). On
+// LibTorch 1.13 on CPU float32, without a cache or dropout: the fused kernel (models/cpu_kernels.h,
+// no split, transposes or concatenation); otherwise causal_attention above.
+torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train,
+                                    KVCache* cache = nullptr, size_t layer = 0);
 
 }  // namespace lm

@@ -20,18 +20,8 @@ BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t layer) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
   auto packed = qkv->forward(ln1->forward(x));  // (B, T, 3C): q | k | v
-  torch::Tensor y;
-  if (cache) {
-    auto parts = packed.split(C, 2);
-    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
-    auto [k, v] = cache_append(cache, layer, heads(parts[1]), heads(parts[2]));
-    y = causal_attention(heads(parts[0]), k, v, dropout, is_training()).transpose(1, 2).contiguous().view({B, T, C});
-  } else {
-    y = causal_self_attention(packed, n_head, dropout, is_training());  // (B, T, C)
-  }
-  y = proj->forward(y);
+  auto y = proj->forward(causal_self_attention(packed, n_head, dropout, is_training(), cache, layer));
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
   auto m = fc2->forward(gelu_tanh(fc->forward(ln2->forward(h))));
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
