@@ -4,7 +4,7 @@
 # padded to 4096), next to the SGEMM FLOP/s measured on the same machine in the same run (LibTorch
 # torch.mm of 2048^3 fp32 through /usr/bin/python3, same OpenBLAS, best of 5, before and after the
 # trainer) and the trainer's own 1024^3 measurement at start (its CPU MFU denominator).
-# Achieved = mfu_pct x the trainer's peak = matmul FLOPs of the real tokens / step time: the median
+# Achieved = matmul FLOPs per token (the log's) x real tokens per second of a window: the median
 # of the windows of 5 steps after the first (which holds the warm-up step), so that one slow
 # stretch of a shared host does not decide the figure.
 # Then where the step's time goes: a second run profiles two steps (log.profile_steps) and
@@ -43,16 +43,16 @@ import glob, json, re, subprocess, sys
 work, s1, s2, p = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 out = open(work + "/out.txt").read()
 peak = float(re.search(r"MFU against ([0-9.e+]+) TFLOP/s", out).group(1)) * 1e12
+flops_per_token = float(re.search(r"([0-9.e+]+) FLOPs/token", out).group(1))
 recs = [json.loads(l) for l in open(work + "/run/metrics.jsonl") if '"kind":"train"' in l][1:]
 rec = sorted(recs, key=lambda r: r["step_ms"])[len(recs) // 2]  # the median window
-achieved = rec["mfu_pct"] / 100 * peak
+achieved = flops_per_token * rec["tokens_per_s"]
 roof = max(s1, s2)
 print(json.dumps({"trainer_matmul_gflops": round(achieved / 1e9, 1), "sgemm_2048_gflops": round(roof / 1e9, 1),
                   "sgemm_2048_before_after": [round(s1 / 1e9, 1), round(s2 / 1e9, 1)],
                   "trainer_start_sgemm_1024_gflops": round(peak / 1e9, 1),
                   "achieved_over_sgemm_2048": round(achieved / roof, 3), "trainer_mfu_pct_logged": round(rec["mfu_pct"], 1),
                   "step_ms": rec["step_ms"], "tokens_per_s": rec["tokens_per_s"]}))
-flops_per_token = float(re.search(r"([0-9.e+]+) FLOPs/token", out).group(1))
 tokens_per_step = rec["tokens_per_s"] * rec["step_ms"] / 1e3
 trace = glob.glob(work + "/prof/profile/*.trace.json")[0]
 print(subprocess.run(["/usr/bin/python3", "bench/profile_breakdown.py", trace, "2", str(rec["step_ms"]),

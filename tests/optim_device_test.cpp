@@ -2,6 +2,7 @@
 // found_inf gate on both, and HostScalars (device values read back late). The CUDA cases compile
 // only where LibTorch has CUDA (LM_CUDA) and skip without a GPU: bench/gpu.sh runs them there.
 #include <gtest/gtest.h>
+#include <cmath>
 #include <torch/torch.h>
 
 #include "common/compat.h"
@@ -62,6 +63,22 @@ TEST(Optim, FoundInfSkipsTheStepOnTheHost) {
   b.opt->step(1e-2);
   EXPECT_TRUE(torch::equal(a.flat->params(), b.flat->params()));
   EXPECT_EQ(a.opt->steps(), 1);
+}
+
+// A measured CPU peak that a training window beats was measured on a busy host: it is measured
+// again once and the higher kept, so MFU stays under 100%; a given peak is never replaced.
+TEST(Device, MeasuredPeakBeatenByTrainingIsMeasuredAgainOnce) {
+  MfuPeak given{1e9, "log.peak_tflops"};
+  EXPECT_DOUBLE_EQ(given.pct(2e9), 200.0);
+  EXPECT_DOUBLE_EQ(given.flops, 1e9);
+  MfuPeak slow{1e6, "measured while busy", true};  // below any real SGEMM rate
+  const double pct = slow.pct(1e7);
+  EXPECT_GT(slow.flops, 1e8) << "measured again: LibTorch's 1024^3 SGEMM runs far above 1e6 FLOP/s";
+  EXPECT_NEAR(pct, 100.0 * 1e7 / slow.flops, 1e-9);
+  EXPECT_FALSE(slow.measured) << "only once: a run still beating it says MFU over 100% in its records";
+  const double again = slow.flops;
+  EXPECT_DOUBLE_EQ(slow.pct(2 * again), 200.0);
+  EXPECT_TRUE(std::isnan(MfuPeak{}.pct(1e9))) << "unknown peak: null in the records";
 }
 
 TEST(Device, HostScalarsReadBackTheValues) {

@@ -255,13 +255,12 @@ class Trainer {
   void start_telemetry(const std::string& command) {
     const GpuInfo gpu = gpu_info(device_);
     if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
-    const auto [peak, source] = mfu_peak(cfg_.log.peak_tflops, gpu.model, cfg_.train.dtype, device_);
-    peak_flops_ = peak;
-    log::info(peak_flops_ <= 0 ? "MFU unknown: no peak for " + gpu.model + " (set log.peak_tflops)"
+    peak_ = mfu_peak(cfg_.log.peak_tflops, gpu.model, cfg_.train.dtype, device_);
+    log::info(peak_.flops <= 0 ? "MFU unknown: no peak for " + gpu.model + " (set log.peak_tflops)"
                                : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
                                       "over the steps' wall time (data wait, upload, forward, backward, all-reduce, "
                                       "clipping, optimizer and EMA; not validation, checkpoint saves or logging)",
-                                      peak / 1e12, source.c_str()));
+                                      peak_.flops / 1e12, peak_.source.c_str()));
     if (rank_ == 0) {
       MetricsSink::Options mo;
       mo.run_dir = cfg_.run.dir;
@@ -433,7 +432,7 @@ class Trainer {
                           {r::kTokens, tokens_}, {r::kEpoch, epoch()}, {r::kBatchHash, hex64(batch_hash_)}};
     // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
     // (start_telemetry says which); unknown without one.
-    rec[r::kMfuPct] = peak_flops_ > 0 ? nlohmann::json(100.0 * w.flops_per_s / peak_flops_) : nlohmann::json(nullptr);
+    rec[r::kMfuPct] = peak_.pct(w.flops_per_s);  // NaN (null) when unknown
     if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
     rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
     source_tokens_->close(rec);
@@ -554,7 +553,8 @@ class Trainer {
   TrainLog train_log_;
   StateRegistry state_;
   bool bf16_ = false;  // CUDA bf16 autocast around forward passes
-  double flops_per_token_ = 0, peak_flops_ = 0;
+  double flops_per_token_ = 0;
+  MfuPeak peak_;
   // Distributed.
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<GradSync> grad_sync_;

@@ -53,14 +53,24 @@ GpuInfo gpu_info(const torch::Device& device);
 // apart by board (H100 SXM, PCIe and NVL differ; H200; A100), 0 when unknown (CPUs, other GPUs,
 // an H100 whose name does not say the board).
 double builtin_peak_tflops(const std::string& gpu_model, const std::string& dtype);
-// Best fp32 matmul FLOP/s of this machine as LibTorch computes it now (torch::mm of n x n, best of
-// reps after a warm-up), with the thread settings in effect.
-double measure_sgemm_flops(int64_t n = 1024, int reps = 3);
+// Best fp32 matmul FLOP/s of this machine as LibTorch computes it now (torch::mm of n x n, the
+// best of at least min_reps products and min_seconds after a warm-up), with the thread settings in
+// effect. Best of a window, not of 3 products: on a shared host a 30 ms dip at start (measured
+// once at half the roof) would otherwise put every later MFU over 100%.
+double measure_sgemm_flops(int64_t n = 1024, int min_reps = 5, double min_seconds = 0.2);
 // The MFU denominator in FLOP/s and where it comes from: log.peak_tflops when set (> 0); on CUDA the
 // datasheet table; on CPU, where no vendor peak exists, measure_sgemm_flops() at start (labelled
 // so). 0 when unknown.
-std::pair<double, std::string> mfu_peak(double peak_tflops, const std::string& gpu_model, const std::string& dtype,
-                                        const torch::Device& device);
+struct MfuPeak {
+  double flops = 0;
+  std::string source;
+  bool measured = false;  // the CPU's SGEMM measurement, not a given or datasheet figure
+  // MFU in % of a window's matmul FLOP/s (NaN when the peak is unknown). A measured peak that
+  // the training beats was measured on a busy host (seen here: half the roof, with another
+  // process on the second core at start): it is measured again once, the higher kept, and logged.
+  double pct(double flops_per_s);
+};
+MfuPeak mfu_peak(double peak_tflops, const std::string& gpu_model, const std::string& dtype, const torch::Device& device);
 
 // The CUDA generator's state (what CUDA dropout draws from), as bytes; undefined tensor on CPU.
 torch::Tensor cuda_rng_state(const torch::Device& device);
