@@ -7,6 +7,7 @@
 // round's median step without a save.
 //
 //   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,nowrite] [--ema] [--layers L] [--seq T]
+//              [--no-prepare]
 // Mode nowrite is the async save with its staged images' disk writes discarded (see
 // DiscardDirectWrites): what the save costs training apart from the disk.
 // With OPENBLAS_NUM_THREADS=1 training leaves the writer a CPU of its own, as a GPU host does.
@@ -14,8 +15,12 @@
 //   <mode>_stall_ms        measured stall (sync: the whole save)
 //   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
 //   <mode>_peak_extra_mb   peak RSS of this process during the save over the RSS
-//                          before it (the staging buffer shows on the first save only: it is kept)
+//                          before it (the staging buffer is allocated at start, or with
+//                          --no-prepare in the first save, and kept)
 //   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
+//   <mode>_first_stall_ms  the stall of the mode's first save (round 0), which the medians leave
+//                          out: without Checkpointer::prepare() (--no-prepare) the first async
+//                          save allocates its staging buffer and takes its page faults
 //   <mode>_steal_ms        CPU time the hypervisor took from this machine's CPUs (/proc/stat
 //                          steal, all CPUs) from the save to the end of the steps after it, over
 //                          the rate of the steps without a save: on a VM the host's side of the
@@ -217,6 +222,7 @@ void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMod
     out[mode + "_reported_ms"] = median(reported[mode]);
     out[mode + "_peak_extra_mb"] = median(peak[mode]);
     out[mode + "_steal_ms"] = median(steal[mode]);
+    out[mode + "_first_stall_ms"] = stall[mode].front();  // the first save of a Checkpointer
     if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
   }
   std::cout << out.dump() << std::endl;
@@ -229,7 +235,7 @@ int main(int argc, char** argv) {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
     std::string dir, modes_arg = "sync,thread,nowrite";
     int rounds = 4, clean = 2, layers = 12, seq = 64;
-    bool ema = false;
+    bool ema = false, no_prepare = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
     app.add_option("--clean", clean, "steps without a save before each save");
@@ -237,6 +243,7 @@ int main(int argc, char** argv) {
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
+    app.add_flag("--no-prepare", no_prepare, "no Checkpointer::prepare() at start (the first async save allocates)");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -260,6 +267,8 @@ int main(int argc, char** argv) {
     PerMode stall, reported, peak, steal;
     double state_mb = 0, base_mb = 0;
     std::vector<double> all_clean;
+    if (!no_prepare)  // as the trainer does at start: the staging buffers, faulted in in the background
+      for (auto& [mode, ck] : cks) ck->prepare(m.registry.snapshot(0, nlohmann::json::object()));
     for (int w = 0; w < 2; ++w) step(m, cks[modes[0]].get());  // warm-up
     int64_t n = 0;
     for (int r = 0; r < rounds; ++r) {

@@ -6,7 +6,9 @@
 # Mode nowrite is the async save with its disk writes discarded (the trainer's own part of the
 # stall); "steal ms" is the CPU time the hypervisor took from this machine's CPUs during the save
 # (on a VM the host's side of the disk writes can run on our cores: bench/steal.sh measures that).
-# usage: bench/ckpt_stall.sh [DIR] [extra ckpt_stall flags, e.g. --rounds 6 --ema]
+# usage: bench/ckpt_stall.sh [DIR] [extra ckpt_stall flags, e.g. --rounds 6 --ema --no-prepare]
+# "first save ms": the stall of each mode's first save (medians leave it out); --no-prepare: without
+# the staging buffer allocated and faulted in at start, as before Checkpointer::prepare().
 #   OPENBLAS_NUM_THREADS=1 bench/ckpt_stall.sh: training on one core leaves the writer the other,
 #   as on a GPU host, where training runs on the device and the host has cores to spare.
 set -euo pipefail
@@ -22,10 +24,11 @@ tail -n 1 "$WORK/out.jsonl" | /usr/bin/python3 -c '
 import json, sys
 o = json.load(sys.stdin)
 print("state %.0f MB, step %.0f ms (median without a save); training threads: %d intra-op, OpenBLAS %s" % (o["state_mb"], o["step_ms"], o["intra_op_threads"], o["blas_threads"]))
-print("%-7s %12s %12s %12s %14s %12s" % ("mode", "stall ms", "% of sync", "reported ms", "peak extra MB", "steal ms"))
+print("%-7s %12s %12s %12s %14s %12s %15s" % ("mode", "stall ms", "% of sync", "reported ms", "peak extra MB", "steal ms",
+                                             "first save ms"))
 for m in ("sync", "thread", "nowrite"):
     if m + "_stall_ms" in o:
-        print("%-7s %12.0f %12.1f %12.0f %14.0f %12.0f" % (m, o[m + "_stall_ms"], o.get(m + "_pct_of_sync", 0),
-              o[m + "_reported_ms"], o[m + "_peak_extra_mb"], o[m + "_steal_ms"]))
+        print("%-7s %12.0f %12.1f %12.0f %14.0f %12.0f %15.0f" % (m, o[m + "_stall_ms"], o.get(m + "_pct_of_sync", 0),
+              o[m + "_reported_ms"], o[m + "_peak_extra_mb"], o[m + "_steal_ms"], o[m + "_first_stall_ms"]))
 '
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -147,6 +147,50 @@ TEST(Checkpoint, AsyncWritesTheSnapshotNotLaterChanges) {
   }
 }
 
+double rss_mb() {  // this process's resident memory
+  std::ifstream in("/proc/self/statm");
+  double pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * 4096.0 / (1 << 20);
+}
+
+// prepare() allocates the async staging buffer for the state and faults it in on a background
+// thread, so that the first save neither allocates nor faults (it cost a 1.5 GB state's first save
+// about 1 s of training); the faulting never shows in what is saved.
+TEST(Checkpoint, AsyncPrepareFaultsTheStagingBufferInAheadOfTheFirstSave) {
+  test::TempDir run;
+  CheckpointConfig cfg;
+  cfg.async = true;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  auto st = make_state(5, 3.0f);
+  const auto big = torch::arange(16 << 20, torch::kFloat);  // 64 MB
+  st.replicated["optimizer"].tensors.emplace_back("exp_avg_sq/big", big);
+  const double before = rss_mb();
+  ck.prepare(st);
+  double grown = 0;
+  for (int i = 0; i < 200 && grown < 60; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    grown = rss_mb() - before;
+  }
+  EXPECT_GE(grown, 60) << "the buffer's 64 MB resident before any save";
+  const double prepared = rss_mb();
+  ck.save(st);
+  ck.wait();
+  auto reports = ck.finished();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
+  EXPECT_LT(rss_mb() - prepared, 16) << "the first save used the prepared buffer, not a new one";
+  auto back = ck.load(run / "checkpoints/step_00000005");
+  EXPECT_TRUE(torch::equal(back.replicated["optimizer"].tensors[1].second, big));
+  EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 3.0f)));
+  // Synchronous saves have no staging buffer: nothing to prepare.
+  CheckpointConfig sync_cfg;
+  Checkpointer sync(sync_cfg, run.path() + "/sync", 0, 1);
+  const double at = rss_mb();
+  sync.prepare(st);
+  EXPECT_LT(rss_mb() - at, 16);
+}
+
 // block_ms is the real stall: the save() call plus how much longer the steps that ran while the
 // save was in flight took than the steps before it (median), not the save() call alone.
 TEST(Checkpoint, AsyncReportsTheStepsExtraTimeAsItsStall) {

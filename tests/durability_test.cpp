@@ -261,6 +261,9 @@ TEST(HostileInput, AConfigThatCannotFitIsRefusedUpFront) {
   auto cfg = load_config(test::source_path("configs/tiny.yaml"), {"model.d_model=65536", "model.n_head=64"});
   const auto e = estimate_memory(cfg, 258);
   EXPECT_GT(e.params, 4.0 * 2 * 12 * 65536.0 * 65536);  // 2 layers of 12 d^2 fp32 weights at least
+  EXPECT_EQ(e.staging, 0.0) << "no async checkpoints, no staging buffer";
+  cfg.checkpoint.async = true;
+  EXPECT_DOUBLE_EQ(estimate_memory(cfg, 258).staging, 3 * e.params) << "weights and the two AdamW moments";
   EXPECT_THROW(check_memory_fits(cfg, 258, torch::Device(torch::kCPU)), ConfigError);
   cfg.run.skip_memory_check = true;
   EXPECT_NO_THROW(check_memory_fits(cfg, 258, torch::Device(torch::kCPU)));

@@ -17,21 +17,23 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
   e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
   const double value_bytes = cfg.train.dtype == "bf16" ? 2 : 4;
   e.activations = L * B * T * d * (34 + 5 * H * T / d) * value_bytes + 3 * B * T * V * 4;
+  if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
   return e;
 }
 
 void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device) {
   if (cfg.run.skip_memory_check) return;
-  const MemoryEstimate e = estimate_memory(cfg, vocab);
+  MemoryEstimate e = estimate_memory(cfg, vocab);
+  if (device.is_cuda()) e.staging = 0;  // pinned host memory, not the device's
   const double avail = available_memory_bytes(device);
   if (avail <= 0 || e.total() <= avail) return;
   throw ConfigError(strf("the config needs an estimated %.1f GB (parameters %.1f GB, gradients and optimizer state "
-                         "%.1f GB, activations %.1f GB at train.micro_batch_size=%lld, model.seq_len=%lld) but %s "
-                         "has %.1f GB available; shrink model.d_model / model.n_layer / model.seq_len / "
-                         "train.micro_batch_size, or set run.skip_memory_check=true",
+                         "%.1f GB, activations %.1f GB at train.micro_batch_size=%lld, model.seq_len=%lld, async "
+                         "checkpoint staging %.1f GB) but %s has %.1f GB available; shrink model.d_model / "
+                         "model.n_layer / model.seq_len / train.micro_batch_size, or set run.skip_memory_check=true",
                          e.total() / 1e9, e.params / 1e9, e.optimizer / 1e9, e.activations / 1e9,
                          static_cast<long long>(cfg.train.micro_batch_size), static_cast<long long>(cfg.model.seq_len),
-                         device.str().c_str(), avail / 1e9));
+                         e.staging / 1e9, device.str().c_str(), avail / 1e9));
 }
 
 }  // namespace lm

@@ -15,12 +15,15 @@ struct MemoryEstimate {
   double params = 0;       // bytes: fp32 weights
   double optimizer = 0;    // bytes: gradients, AdamW moments, EMA weights
   double activations = 0;  // bytes: one micro-batch's saved activations and logits
-  double total() const { return params + optimizer + activations; }
+  double staging = 0;      // bytes: checkpoint.async's host copy of the saved state (weights, moments, EMA)
+  double total() const { return params + optimizer + activations + staging; }
 };
 
 // Parameters 4N, gradients 4N, AdamW 8N, EMA 4N (N from the GPT shape with a tied head);
 // activations per layer ~ B*T*d*(34 + 5*H*T/d) 16-bit values (Korthikanti et al., 2022), doubled
-// for fp32, plus 3 B*T*V fp32 values for the logits and their gradients. An estimate, not a bound.
+// for fp32, plus 3 B*T*V fp32 values for the logits and their gradients; with async checkpoints,
+// the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
+// allocated at start). An estimate, not a bound.
 MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab);
 
 // Throws ConfigError naming the estimate and the memory available when the estimate exceeds it

@@ -250,7 +250,21 @@ double plans_mb(const std::vector<files::FilePlan>& plans) {
   return mb;
 }
 
+const std::map<std::string, std::string> kTensorFileMeta = {{"format", "pt"}};
+
+// Rank 0's tensor files: one per replicated component that has tensors, under its key.
+TensorFiles tensor_files(const CheckpointState& st) {
+  TensorFiles tfiles;
+  for (auto& [key, c] : st.replicated)
+    if (!c.tensors.empty()) tfiles.emplace_back(key + ".safetensors", c.tensors);
+  return tfiles;
+}
+
 }  // namespace
+
+void Checkpointer::prepare(const CheckpointState& st) {
+  if (cfg_.async && rank_ == 0) staging_.prepare(tensor_files(st), kTensorFileMeta);
+}
 
 // This rank's files as write plans. Sync (f null): the tensor files' spans point into the state's
 // own memory (kept alive through *keep). Async: they are images in the staging buffer, filled by
@@ -259,27 +273,24 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
                                                       InFlight* f) {
   std::vector<files::FilePlan> plans;
   if (rank_ == 0) {
-    const std::map<std::string, std::string> meta = {{"format", "pt"}};
-    nlohmann::json values = nlohmann::json::object(), tensor_files = nlohmann::json::object();
-    TensorFiles tfiles;
+    nlohmann::json values = nlohmann::json::object(), file_of = nlohmann::json::object();
     for (auto& [key, c] : st.replicated) {
       values[key] = c.values;
-      if (c.tensors.empty()) continue;
-      tensor_files[key] = key + ".safetensors";
-      tfiles.emplace_back(key + ".safetensors", c.tensors);
+      if (!c.tensors.empty()) file_of[key] = key + ".safetensors";
     }
+    const TensorFiles tfiles = tensor_files(st);
     if (f) {
-      plans = staging_.stage(tfiles, meta, &f->copies, keep);
+      plans = staging_.stage(tfiles, kTensorFileMeta, &f->copies, keep);
     } else {
       for (auto& [name, tensors] : tfiles) {
-        auto tp = plan_safetensors(name, tensors, meta);
+        auto tp = plan_safetensors(name, tensors, kTensorFileMeta);
         keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
         plans.push_back(std::move(tp.plan));
       }
     }
     nlohmann::json state = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion}, {"step", st.step},
                             {"world_size", world_}, {"run", st.run}, {"components", values},
-                            {"tensor_files", tensor_files}};
+                            {"tensor_files", file_of}};
     plans.push_back({"state.json", state.dump(2) + "\n", {}});
   }
   nlohmann::json mine = nlohmann::json::object();

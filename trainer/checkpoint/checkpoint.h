@@ -91,6 +91,9 @@ class Checkpointer {
   // Async: returns once the snapshot is taken. Failures are reported through finished() (and
   // thrown here when synchronous and on_error is stop).
   void save(const CheckpointState& st);
+  // Async saves (rank 0): the staging buffer for a state like `st`, allocated now and its pages
+  // faulted in on a background thread, so that the first save's steps do not pay for them.
+  void prepare(const CheckpointState& st);
   // Reports of saves finished (and their stall measured) since the last call, oldest first.
   std::vector<SaveReport> finished();
   void wait();  // until no save is in flight

@@ -74,21 +74,59 @@ namespace {
 constexpr int64_t kAlign = 4096;  // direct I/O: buffer addresses and file offsets
 int64_t round_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+struct Images {
+  std::vector<SafetensorsLayout> layouts;
+  int64_t bytes = kAlign;  // room to align the first image
+  bool cuda = false;       // a device tensor among them
+};
+
+Images layout_images(const TensorFiles& files, const std::map<std::string, std::string>& metadata) {
+  Images im;
+  for (auto& [name, tensors] : files) {
+    im.layouts.push_back(safetensors_layout(tensors, metadata));
+    im.bytes += round_up(static_cast<int64_t>(im.layouts.back().size()));
+    for (auto& [n, t] : im.layouts.back().tensors) im.cuda |= t.is_cuda();
+  }
+  return im;
+}
+
 }  // namespace
+
+StagingBuffer::~StagingBuffer() { join_prefault(); }
+
+void StagingBuffer::join_prefault() {
+  if (prefault_.joinable()) prefault_.join();
+}
+
+void StagingBuffer::allocate(int64_t bytes, bool pinned) {
+  if (!buffer_.defined() || buffer_.numel() < bytes || (pinned && !buffer_.is_pinned()))
+    buffer_ = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+}
+
+void StagingBuffer::prepare(const TensorFiles& files, const std::map<std::string, std::string>& metadata) {
+  const Images im = layout_images(files, metadata);
+  join_prefault();
+  if (buffer_.defined() && buffer_.numel() >= im.bytes && (!im.cuda || buffer_.is_pinned())) return;
+  allocate(im.bytes, im.cuda);
+  if (im.cuda) return;  // pinned (page-locked) memory is resident once allocated
+  volatile char* p = reinterpret_cast<char*>(buffer_.data_ptr<uint8_t>());
+  const size_t n = static_cast<size_t>(buffer_.numel());
+  prefault_ = std::thread([p, n] {
+    set_background_priority();  // refused: it still yields (the writer thread warns once)
+    for (size_t o = 0; o < n; o += kAlign) {
+      p[o] = 0;
+      if (o % (size_t{4} << 20) == 0) yield_if_background();
+    }
+  });
+}
 
 std::vector<files::FilePlan> StagingBuffer::stage(const TensorFiles& files,
                                                   const std::map<std::string, std::string>& metadata,
                                                   ChunkedCopy* copies, std::vector<torch::Tensor>* keep) {
-  std::vector<SafetensorsLayout> layouts;
-  int64_t total = kAlign;  // room to align the first image
-  bool cuda = false;
-  for (auto& [name, tensors] : files) {
-    layouts.push_back(safetensors_layout(tensors, metadata));
-    total += round_up(static_cast<int64_t>(layouts.back().size()));
-    for (auto& [n, t] : layouts.back().tensors) cuda |= t.is_cuda();
-  }
-  if (!buffer_.defined() || buffer_.numel() < total || (cuda && !buffer_.is_pinned()))
-    buffer_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(cuda));
+  join_prefault();
+  const Images im = layout_images(files, metadata);
+  const auto& layouts = im.layouts;
+  allocate(im.bytes, im.cuda);
   keep->push_back(buffer_);
   char* base = reinterpret_cast<char*>(buffer_.data_ptr<uint8_t>());
   int64_t off = round_up(static_cast<int64_t>(reinterpret_cast<uintptr_t>(base))) -

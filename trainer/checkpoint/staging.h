@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,14 +52,29 @@ using TensorFiles = std::vector<std::pair<std::string, NamedTensors>>;  // file 
 // tensors, kept for the next save.
 class StagingBuffer {
  public:
+  StagingBuffer() = default;
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  ~StagingBuffer();
+  // Allocates the buffer for `files` now, so that the first save does not. Host memory: its pages
+  // are faulted in on a background thread (idle priority, yielding); the first copy into 1.5 GB of
+  // fresh memory otherwise takes the page faults (the kernel zeroing every page) inside the steps
+  // that run while it is made. Device tensors: pinned memory, resident once allocated (here, on
+  // the calling thread). Nothing to do when the buffer is big enough.
+  void prepare(const TensorFiles& files, const std::map<std::string, std::string>& metadata);
   // `files` as safetensors images in this buffer, each a plan of one span. The heads and the
   // device tensors are copied now (device to pinned host, synchronous); host tensors are added to
-  // *copies, and *keep holds their memory and the buffer's until the plans are written.
+  // *copies, and *keep holds their memory and the buffer's until the plans are written. Waits for
+  // prepare()'s thread first.
   std::vector<files::FilePlan> stage(const TensorFiles& files, const std::map<std::string, std::string>& metadata,
                                      ChunkedCopy* copies, std::vector<torch::Tensor>* keep);
 
  private:
+  void allocate(int64_t bytes, bool pinned);  // when too small or not pinned as needed
+  void join_prefault();
+
   torch::Tensor buffer_;  // uint8
+  std::thread prefault_;  // prepare()'s, touching one byte per page
 };
 
 }  // namespace lm
