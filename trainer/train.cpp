@@ -89,7 +89,7 @@ class Trainer {
                 (cfg.anomaly.action == "continue" || (cfg.anomaly.action == "skip" && cfg.anomaly.spike_factor <= 0));
     if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
     start_telemetry(command);
-    ckpt_->prepare(state_.snapshot(step_, {}));  // async saves: the staging buffer, ahead of the first
+    if (cfg.checkpoint.async) ckpt_->prepare(state_.snapshot(step_, {}));  // the staging buffer, before the first save
     stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints
   }
 
