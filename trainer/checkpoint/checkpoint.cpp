@@ -252,11 +252,12 @@ double plans_mb(const std::vector<files::FilePlan>& plans) {
 
 const std::map<std::string, std::string> kTensorFileMeta = {{"format", "pt"}};
 
-// Rank 0's tensor files: one per replicated component that has tensors, under its key.
+// Rank 0's tensor files: one per replicated component that has tensors, named after its key.
+std::string tensor_file(const std::string& key) { return key + ".safetensors"; }
 TensorFiles tensor_files(const CheckpointState& st) {
   TensorFiles tfiles;
   for (auto& [key, c] : st.replicated)
-    if (!c.tensors.empty()) tfiles.emplace_back(key + ".safetensors", c.tensors);
+    if (!c.tensors.empty()) tfiles.emplace_back(tensor_file(key), c.tensors);
   return tfiles;
 }
 
@@ -276,7 +277,7 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
     nlohmann::json values = nlohmann::json::object(), file_of = nlohmann::json::object();
     for (auto& [key, c] : st.replicated) {
       values[key] = c.values;
-      if (!c.tensors.empty()) file_of[key] = key + ".safetensors";
+      if (!c.tensors.empty()) file_of[key] = tensor_file(key);
     }
     const TensorFiles tfiles = tensor_files(st);
     if (f) {

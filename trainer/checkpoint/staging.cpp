@@ -98,17 +98,17 @@ void StagingBuffer::join_prefault() {
   if (prefault_.joinable()) prefault_.join();
 }
 
-void StagingBuffer::allocate(int64_t bytes, bool pinned) {
-  if (!buffer_.defined() || buffer_.numel() < bytes || (pinned && !buffer_.is_pinned()))
-    buffer_ = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+bool StagingBuffer::allocate(int64_t bytes, bool pinned) {
+  if (buffer_.defined() && buffer_.numel() >= bytes && (!pinned || buffer_.is_pinned())) return false;
+  buffer_ = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pinned));
+  return true;
 }
 
 void StagingBuffer::prepare(const TensorFiles& files, const std::map<std::string, std::string>& metadata) {
   const Images im = layout_images(files, metadata);
   join_prefault();
-  if (buffer_.defined() && buffer_.numel() >= im.bytes && (!im.cuda || buffer_.is_pinned())) return;
-  allocate(im.bytes, im.cuda);
-  if (im.cuda) return;  // pinned (page-locked) memory is resident once allocated
+  // Nothing new, or pinned (page-locked) memory, resident once allocated: nothing to fault in.
+  if (!allocate(im.bytes, im.cuda) || im.cuda) return;
   volatile char* p = reinterpret_cast<char*>(buffer_.data_ptr<uint8_t>());
   const size_t n = static_cast<size_t>(buffer_.numel());
   prefault_ = std::thread([p, n] {

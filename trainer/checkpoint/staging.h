@@ -70,7 +70,7 @@ class StagingBuffer {
                                      ChunkedCopy* copies, std::vector<torch::Tensor>* keep);
 
  private:
-  void allocate(int64_t bytes, bool pinned);  // when too small or not pinned as needed
+  bool allocate(int64_t bytes, bool pinned);  // a new buffer when too small or not pinned as needed
   void join_prefault();
 
   torch::Tensor buffer_;  // uint8
