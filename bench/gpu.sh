@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The GPU check, ONE device run of at most 10 minutes (shared/GPU.md). Phases, each under a time
-# limit, cheapest and most important first:
-#   build    trainer + prep only against pip LibTorch 2.x + CUDA (launch/gpu-build.sh)
-#   smoke    4-layer GPT-2 shape, 40 steps: loss finite and falling; a run stopped at 25 and resumed
-#            follows the uninterrupted one (same pinned cosine schedule); step results read one step
-#            late (anomaly.spike_factor=0) follow a run that reads them at once
+# limit, the headline comparison first (a run cut short by the limit still has it):
+#   build    trainer + prep only against pip LibTorch 2.x + CUDA (launch/gpu-build.sh; every
+#            compile error of the run shown, ninja -k 0)
 #   speed    GPT-2 124M (micro-batch 16 x 1024, bf16) from real shards through the streaming loader,
 #            reading step results at once and one step late
-#   peer     bench/peers/gpt_torch.py (a copy of shared/peers/gpt_torch.py) eager, same shape
+#   peer     bench/peers/gpt_torch.py (a copy of shared/peers/gpt_torch.py), same shape: eager, then
+#            torch.compile
+#   smoke    4-layer GPT-2 shape, 40 steps: loss finite and falling; a run stopped at 25 and resumed
+#            follows the uninterrupted one (same pinned cosine schedule); step results read one step
+#            late (anomaly.spike_factor=0) follow a run that reads them at once; one rank with an
+#            NCCL process group (dist.backend=nccl at world size 1: the all-reduce path runs)
 #   tests    torch_tests' CUDA cases (fused AdamW vs CPU) and the TensorBoard Python cross-check
-#   compile  the peer with torch.compile, last: it gets the time that is left
-# Every result lands in $OUT/gpu_results.tar.gz (rewritten after each phase, so a run cut short
-# still returns what it has); result.json sums it up and is also printed. Exit 1 when the build or
+# Every result lands in $OUT/gpu_results.tar.gz (written to a temporary name and renamed after each
+# phase, so a run cut short still returns a whole archive); result.json sums it up and is printed. Exit 1 when the build or
 # the smoke failed.
 # usage (on the GPU machine; launch/gpu-deps.sh ran here first and .deps/ is carried):
 #   bash bench/gpu.sh          env: STEPS (60), BUDGET_S (570), GPU_TESTS (1)
@@ -24,7 +26,7 @@ BUDGET_S=${BUDGET_S:-570}
 T0=$(date +%s)
 mkdir -p "$OUT"
 log() { echo "== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/gpu.log"; }
-pack() { tar -czf "$OUT/gpu_results.tar.gz" -C "$R" . 2>/dev/null; }
+pack() { tar -czf "$OUT/.gpu_results.tar.gz.tmp" -C "$R" . 2>/dev/null && mv -f "$OUT/.gpu_results.tar.gz.tmp" "$OUT/gpu_results.tar.gz"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 # run LIMIT_S NAME CMD...: the command's output in $R/NAME.log; its exit status (124: out of time).
 run() {
@@ -57,6 +59,28 @@ log "data: the King James Bible, bytes tokenizer (the 124M shape pads vocab_size
 rm -rf shards/kjv_bytes
 run 60 prep $B/prep .deps/kjv.txt --out shards/kjv_bytes --tokenizer bytes --quiet
 
+log "speed: trainer, GPT-2 124M, 16 x 1024, bf16, $STEPS steps (immediate, then deferred step reads)"
+speed=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes train.max_steps=$STEPS log.every_steps=10 eval.batches=0
+       checkpoint.every_steps=0 checkpoint.keep_last=1)
+for mode in immediate deferred; do
+  rm -rf runs/gpu_124m
+  extra=(); [ $mode = deferred ] && extra=(anomaly.spike_factor=0)
+  run 120 "trainer_$mode" $B/trainer "${speed[@]}" "${extra[@]}" run.dir=runs/gpu_124m
+  for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_124m/$f" "$R/${mode}_$f" 2>/dev/null; done
+  rm -rf runs/gpu_124m
+  pack
+done
+
+PEER=bench/peers/gpt_torch.py
+log "peer: eager"
+run 120 peer_eager python3 $PEER --steps 30 --warmup 10 --grad-clip 1.0
+pack
+
+log "peer: torch.compile (the time that is left)"
+run 180 peer_compile python3 $PEER --steps 30 --warmup 10 --grad-clip 1.0 --compile
+
+pack
+
 log "smoke: 4 layers, 40 steps; stopped at 25 and resumed; deferred vs immediate step reads"
 common=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes model.n_layer=4 train.max_steps=40 log.every_steps=5
         eval.batches=0 checkpoint.every_steps=10 checkpoint.keep_last=1 schedule.warmup_steps=10
@@ -66,6 +90,7 @@ run 90 smoke_a $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu
 run 90 smoke_b1 $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b train.max_steps=25
 run 90 smoke_b2 $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b
 run 90 smoke_c $B/trainer "${common[@]}" run.dir=runs/gpu_smoke_c
+run 90 smoke_nccl $B/trainer "${common[@]}" dist.backend=nccl train.max_steps=10 run.dir=runs/gpu_smoke_n
 for d in a b c; do
   for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_smoke_$d/$f" "$R/smoke_${d}_$f" 2>/dev/null; done
 done
@@ -93,31 +118,15 @@ if res["finite"]:
     res["deferred_within_2pct"] = res["deferred_vs_immediate_max_rel_dev"] < 0.02
 res["deferred_used"] = grep("smoke_a", "one step late") and not grep("smoke_c", "one step late")
 res["resumed"] = grep("smoke_b2", "resumed from")
+res["nccl_world1"] = grep("smoke_nccl", "data parallel: nccl") and grep("smoke_nccl", "done: ")
 res["ok"] = all(res.get(k) is True for k in ("finite", "falling", "resume_within_2pct", "deferred_within_2pct",
-                                             "deferred_used", "resumed"))
+                                             "deferred_used", "resumed", "nccl_world1"))
 print(json.dumps(res))
 PY
 cat "$R/smoke.json"
 SMOKE_OK=$(python3 -c "import json,sys; print(int(json.load(open(sys.argv[1])).get('ok', False)))" "$R/smoke.json" \
            2>/dev/null || echo 0)
 rm -rf runs/gpu_smoke_*
-pack
-
-log "speed: trainer, GPT-2 124M, 16 x 1024, bf16, $STEPS steps (immediate, then deferred step reads)"
-speed=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes train.max_steps=$STEPS log.every_steps=10 eval.batches=0
-       checkpoint.every_steps=0 checkpoint.keep_last=1)
-for mode in immediate deferred; do
-  rm -rf runs/gpu_124m
-  extra=(); [ $mode = deferred ] && extra=(anomaly.spike_factor=0)
-  run 120 "trainer_$mode" $B/trainer "${speed[@]}" "${extra[@]}" run.dir=runs/gpu_124m
-  for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_124m/$f" "$R/${mode}_$f" 2>/dev/null; done
-  rm -rf runs/gpu_124m
-  pack
-done
-
-PEER=bench/peers/gpt_torch.py
-log "peer: eager"
-run 120 peer_eager python3 $PEER --steps 30 --warmup 10
 pack
 
 if [ "${GPU_TESTS:-1}" = 1 ]; then
@@ -128,9 +137,6 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
   fi
   pack
 fi
-
-log "peer: torch.compile (the time that is left)"
-run $(( $(left) - 10 )) peer_compile python3 $PEER --steps 30 --warmup 10 --compile
 
 python3 - "$R" <<'PY' | tee "$R/result.json"
 import json, sys

@@ -113,10 +113,13 @@ std::unique_ptr<lm::data::Loader> open_timed(lm::DataConfig& cfg, const std::str
                                              const std::vector<std::string>& source_dirs, int64_t seq, int64_t batch,
                                              uint64_t seed, double* startup_s) {
   if (sources > 0) {
-    for (int64_t i = 0; i < sources; ++i)
-      cfg.sources.push_back({lm::strf("s%lld", static_cast<long long>(i)),
-                             source_dirs.empty() ? data : source_dirs[static_cast<size_t>(i) % source_dirs.size()],
-                             static_cast<double>(i + 1), 0});
+    for (int64_t i = 0; i < sources; ++i) {
+      lm::SourceConfig sc;
+      sc.name = lm::strf("s%lld", static_cast<long long>(i));
+      sc.path = source_dirs.empty() ? data : source_dirs[static_cast<size_t>(i) % source_dirs.size()];
+      sc.weight = static_cast<double>(i + 1);
+      cfg.sources.push_back(sc);
+    }
   } else {
     cfg.train = data;
   }

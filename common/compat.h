@@ -3,9 +3,11 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -65,6 +67,28 @@ template <typename T>
 using Optional = c10::optional<T>;
 #endif
 
+// A c10d TCPStore (server or client). LibTorch 2.4 made the libuv server the default
+// (TCPStoreOptions::useLibUV = true), and a LibTorch built without libuv (Debian's) then refuses to
+// host the store: "use_libuv was requested but PyTorch was build without libuv support". As
+// torchrun does, USE_LIBUV=0 asks for the classic server; otherwise libuv is tried first and, where
+// this LibTorch has none, the classic server is used (whether it has one is not exported, so the
+// refusal is the test). Clients speak the same protocol to either server.
+inline c10::intrusive_ptr<c10d::TCPStore> tcp_store(const std::string& host, c10d::TCPStoreOptions opts) {
+#if LM_TORCH_AT_LEAST(2, 4)
+  const char* env = std::getenv("USE_LIBUV");
+  opts.useLibUV = !(env && std::string(env) == "0");
+  if (opts.useLibUV && opts.isServer) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, opts);
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("libuv") == std::string::npos) throw;
+      opts.useLibUV = false;
+    }
+  }
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
 // Causal scaled-dot-product attention where LibTorch has it (>= 2.0: flash / memory-efficient /
 // cuDNN kernels). REQUIRES: kHasSdpa; models/attention.cpp holds the fallback for 1.13.
 inline torch::Tensor sdpa_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -88,14 +112,29 @@ inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16
   at::autocast::set_autocast_gpu_dtype(dtype);
 #endif
 }
+// bf16 autocast on the CPU goes through the same per-device API (LibTorch >= 2.4), so the trainer
+// runs the GPU's mixed-precision path on a CPU there; 1.13's CPU autocast has other op lists.
+constexpr bool kHasCpuAutocast = LM_TORCH_AT_LEAST(2, 4);
+// Autocast for `device`'s type. REQUIRES: CUDA, or kHasCpuAutocast.
+inline void set_autocast(const torch::Device& device, bool enabled, at::ScalarType dtype = at::kBFloat16) {
+  if (device.is_cuda()) return set_cuda_autocast(enabled, dtype);
+#if LM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  TORCH_CHECK(!enabled, "CPU autocast needs LibTorch >= 2.4");
+#endif
+}
 // The autocast cast cache keeps bf16 copies of fp32 weights until cleared; Python's
 // torch.autocast clears it on exit, C++ must do it after every forward/backward (else later steps
 // reuse copies of weights the optimizer has since changed).
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
 constexpr bool kHasFusedAdamW = LM_TORCH_AT_LEAST(2, 1);
+// at::_fused_adamw_ has a CPU kernel from 2.4 on (aten/src/ATen/native/FusedAdam.cpp).
+constexpr bool kHasCpuFusedAdamW = LM_TORCH_AT_LEAST(2, 4);
 
-// at::_fused_adamw_ (one multi-tensor CUDA kernel; LibTorch >= 2.1). Returns false when this
+// at::_fused_adamw_ (one multi-tensor CUDA kernel; LibTorch >= 2.1; on CPU >= 2.4). Returns false when this
 // LibTorch has none, so the caller falls back to its own update. state_steps are float tensors on
 // the device that the kernel READS but does not increment (the caller adds 1 first, as
 // torch/optim/adam.py's _fused_adam does). found_inf (optional, 0-dim float on the device): where it

@@ -29,9 +29,17 @@ export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share
 export PKG_CONFIG_SYSROOT_DIR="$DEPS"  # .pc files say /usr
 PKG_CONFIG=$(command -v pkg-config || command -v pkgconf || true)
 [ -n "$PKG_CONFIG" ] || { echo "no pkg-config: add pkgconf to .deps (launch/gpu-deps.sh)" >&2; exit 1; }
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# Every header the build needs, named before CMake runs (one line per missing one).
+missing=0
+for h in yaml-cpp/yaml.h spdlog/spdlog.h fmt/format.h gtest/gtest.h gloo/config.h sentencepiece_processor.h \
+         nlohmann/json.hpp CLI/CLI.hpp xxhash.h google/protobuf/message.h isa-l/crc.h zstd.h; do
+  [ -f "$DEPS/usr/include/$h" ] || [ -f "/usr/include/$h" ] ||
+    { echo "missing header $h: add its -dev package to launch/gpu-deps.sh" >&2; missing=1; }
+done
+[ $missing = 0 ] || exit 1
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLM_REMOTE=OFF -DLM_CUDA=ON \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$DEPS/usr;$DEPS/usr/lib/x86_64-linux-gnu/cmake" \
   -DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG" -DLM_DEPS_INCLUDE="$DEPS/usr/include" \
   -DLM_NCCL_INCLUDE="$NCCL_INCLUDE" -DLM_BUILD_TESTS="${LM_BUILD_TESTS:-ON}"
 # shellcheck disable=SC2086  # TARGETS is a list
-ninja -C "$BUILD_DIR" ${NINJA_JOBS:+-j "$NINJA_JOBS"} ${TARGETS:-}
+ninja -C "$BUILD_DIR" -k 0 ${NINJA_JOBS:+-j "$NINJA_JOBS"} ${TARGETS:-}  # -k 0: every failing file

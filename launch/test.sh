@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, runs the whole suite through ctest.
-# .ci/run calls exactly this.
+# The test command: installs what is missing, builds, runs the whole suite through ctest, then the
+# hardening runs and the LibTorch 2.6 checks. .ci/run calls exactly this.
+#
+#   LibTorch 1.13 (Debian bookworm, this machine): build + ctest            (extra arguments: ctest's)
+#   hardening: the torch-free suites under ASan+UBSan, every torch-free fuzzer's regression inputs and
+#     a few seconds of fuzzing each (the torch ones, safetensors and checkpoint, need a clang build of
+#     LibTorch code: FUZZ_BASE_ONLY= to add them)                            LM_SKIP_HARDENING=1 skips
+#   LibTorch 2.6 (Debian trixie, launch/torch2.sh): every target built and the whole ctest run on
+#     the CPU build, then every target compiled and linked against the CUDA build  LM_SKIP_TORCH2=1 skips
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
+times=()
+phase() { times+=("$(printf '%-28s %5d s' "$1" $(( $(date +%s) - t0 )))"); t0=$(date +%s); }
 bash launch/deps.sh
 bash launch/build.sh
+phase "build (LibTorch 1.13)"
 (cd build && ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@")
-# Hardening (README "What survives what"): the torch-free suites under ASan+UBSan, then every
-# torch-free fuzzer's regression inputs and a few seconds of fuzzing each (the torch ones,
-# safetensors and checkpoint, need a clang build of LibTorch code: FUZZ_BASE_ONLY= to add them).
-# LM_SKIP_HARDENING=1 skips both.
+phase "ctest (LibTorch 1.13)"
 if [ -z "${LM_SKIP_HARDENING:-}" ]; then
   bash launch/sanitize.sh
   FUZZ_BASE_ONLY=${FUZZ_BASE_ONLY-1} bash launch/fuzz.sh "${FUZZ_SECONDS:-5}"
+  phase "hardening"
 fi
+if [ -z "${LM_SKIP_TORCH2:-}" ]; then
+  bash launch/torch2.sh cpu
+  phase "LibTorch 2.6 CPU: build+ctest"
+  bash launch/torch2.sh cuda
+  phase "LibTorch 2.6 CUDA: build"
+fi
+echo "== test command, time per phase"
+printf '%s\n' "${times[@]}"

@@ -42,6 +42,22 @@ std::vector<double> train_losses(const std::string& run) {
   return out;
 }
 
+// dist.backend named at world size 1: the process group, the bucketed all-reduce and the step
+// statistics run over one rank (what bench/gpu.sh does with NCCL on one GPU), with the same losses
+// and weights as a run without a group.
+TEST_F(DistE2E, OneRankWithANamedBackendRunsTheGroupAndMatches) {
+  TempDir plain, group;
+  auto p = test::spawn_bin("trainer", args(data_, plain.path(), {"train.max_steps=6"}), plain / "out", {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(test::wait_proc(p), 0) << test::read_text(plain / "out");
+  auto q = test::spawn_bin("trainer", args(data_, group.path(), {"train.max_steps=6", "dist.backend=gloo"}), group / "out",
+                           {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(test::wait_proc(q), 0) << test::read_text(group / "out");
+  EXPECT_EQ(test::read_text(plain / "out").find("data parallel"), std::string::npos);
+  EXPECT_NE(test::read_text(group / "out").find("data parallel: gloo"), std::string::npos) << test::read_text(group / "out");
+  EXPECT_EQ(train_losses(plain.path()), train_losses(group.path()));
+  EXPECT_EQ(test::read_text(plain / "model.safetensors"), test::read_text(group / "model.safetensors"));
+}
+
 TEST_F(DistE2E, TwoRanksOfBEqualOneRankOf2B) {
   TempDir one, two;
   auto p = test::spawn_bin("trainer", args(data_, one.path(), {"train.max_steps=12", "train.micro_batch_size=8"}),

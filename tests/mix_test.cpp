@@ -25,6 +25,13 @@ using test::TempDir;
 constexpr int64_t kT = 8;  // seq_len
 constexpr int W = 2;       // ranks
 
+// A prepared (not raw text) source of the mixture.
+SourceConfig source(const std::string& name, const std::string& path, double weight) {
+  SourceConfig c;
+  c.name = name, c.path = path, c.weight = weight;
+  return c;
+}
+
 // A prepared source under DIR/NAME: `shards` train shards of random documents of 1..3*kT tokens
 // (every token id unique within the source) and a val shard. `tok` names the tokenizer (its hash).
 Manifest make_source(const std::string& root, const std::string& name, std::vector<int> docs_per_shard, unsigned seed,
@@ -65,7 +72,7 @@ struct Mix {
     cfg.shuffle_buffer = 16;
     manifests = {make_source(tmp.path(), "web", {30, 20}, 1), make_source(tmp.path(), "code", {25}, 2),
                  make_source(tmp.path(), "tiny", {4}, 3)};
-    cfg.sources = {{"web", manifests[0].dir, 5, 0}, {"code", manifests[1].dir, 3, 0}, {"tiny", manifests[2].dir, 2, 0}};
+    cfg.sources = {source("web", manifests[0].dir, 5), source("code", manifests[1].dir, 3), source("tiny", manifests[2].dir, 2)};
   }
 };
 
@@ -269,7 +276,7 @@ TEST(MixTest, RefusedInputsAndChanges) {
   // Mismatched tokenizers: both sources named.
   make_source(mix.tmp.path(), "other", {3}, 4, "sentencepiece-x");
   DataConfig c = mix.cfg;
-  c.sources.push_back({"other", mix.tmp / "other", 1, 0});
+  c.sources.push_back(source("other", mix.tmp / "other", 1));
   std::string e = data_error([&] { open_sources(c); });
   EXPECT_NE(e.find("source 'web'"), std::string::npos) << e;
   EXPECT_NE(e.find("source 'other'"), std::string::npos) << e;
@@ -315,7 +322,7 @@ TEST(MixTest, RefusedInputsAndChanges) {
   // Appending a source is allowed: it starts at its beginning.
   c = mix.cfg;
   Manifest extra = make_source(mix.tmp.path(), "extra", {6}, 5);
-  c.sources.push_back({"extra", extra.dir, 2, 0});
+  c.sources.push_back(source("extra", extra.dir, 2));
   Ranks appended(c, {mix.manifests[0], mix.manifests[1], mix.manifests[2], extra}, 2, 1, state);
   int64_t extra_tokens = 0;
   for (int k = 0; k < 10; ++k) extra_tokens += appended.next()[0].source_tokens[3];

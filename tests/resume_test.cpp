@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/compat.h"
 #include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -169,6 +170,15 @@ TEST_F(ResumeE2E, BucketedDropoutEma) {
 
 TEST_F(ResumeE2E, AsyncCheckpoints) {
   expect_exact_resume(data_, {"checkpoint.async=true", "model.dropout=0.1"});
+}
+
+// The GPU's path on a CPU (LibTorch >= 2.4, bash launch/torch2.sh): at::_fused_adamw_ gated on the
+// device, bf16 autocast, EMA gated the same way, SDPA with dropout.
+TEST_F(ResumeE2E, FusedAdamWBf16Ema) {
+  if (!compat::kHasCpuFusedAdamW || !compat::kHasCpuAutocast)
+    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no CPU fused AdamW / autocast (>= 2.4): "
+                 << "bash launch/torch2.sh runs this against LibTorch 2.6";
+  expect_exact_resume(data_, {"optim.fused=on", "train.dtype=bf16", "train.ema_decay=0.9", "model.dropout=0.1"});
 }
 
 TEST_F(ResumeE2E, TwoRanks) {

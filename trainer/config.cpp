@@ -214,6 +214,8 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.number("optim.eps", &c.optim.eps, "AdamW epsilon", 0, true);
   s.number("optim.weight_decay", &c.optim.weight_decay, "decoupled weight decay", 0, false);
   s.number("optim.grad_clip", &c.optim.grad_clip, "max grad norm; 0 = off", 0, false);
+  s.choice("optim.fused", &c.optim.fused, "at::_fused_adamw_ gated on the device; auto = on CUDA (CPU: LibTorch >= 2.4)",
+           {"auto", "on", "off"});
 
   s.choice("schedule.kind", &c.schedule.kind, "lr schedule after warmup",
            {"cosine", "linear", "constant"});
@@ -227,7 +229,7 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = its default", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
 
-  s.choice("train.dtype", &c.train.dtype, "compute dtype (bf16: CUDA autocast)", {"fp32", "bf16"});
+  s.choice("train.dtype", &c.train.dtype, "compute dtype (bf16: autocast; on CPU LibTorch >= 2.4)", {"fp32", "bf16"});
   s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights per step; 0 = off", 0, false, 1, true);
 
   s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = at the end; auto", 0);
@@ -240,7 +242,7 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save", {"stop", "continue"});
   s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "wait for other ranks' files", 0, true);
 
-  s.choice("dist.backend", &c.dist.backend, "process group backend", {"auto", "nccl", "gloo"});
+  s.choice("dist.backend", &c.dist.backend, "process group backend; auto: gloo/nccl at world size > 1, a named one also at world size 1", {"auto", "nccl", "gloo"});
   s.number("dist.timeout_s", &c.dist.timeout_s, "collective and rendezvous timeout", 0, true);
   s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size (MB)", 0, true);
 

@@ -52,10 +52,10 @@ double Evaluator::mean_loss(LM& model, Comm* comm) {
     reader_->next(B, buf);  // (B, T+1) windows: inputs w[:, :T], targets w[:, 1:]
     if (i % world_ != rank_) continue;
     auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(device_, /*non_blocking=*/false, /*copy=*/true);
-    if (bf16_) compat::set_cuda_autocast(true);
+    if (bf16_) compat::set_autocast(device_, true);
     total += model->loss(w.slice(1, 0, T), w.slice(1, 1, T + 1)).item<double>();
     if (bf16_) {
-      compat::set_cuda_autocast(false);
+      compat::set_autocast(device_, false);
       compat::clear_autocast_cache();
     }
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -85,7 +86,7 @@ class Trainer {
                      grad_sync_->num_buckets(), cfg.dist.bucket_mb));
     }
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_);
-    deferred_ = device_.is_cuda() && world_ == 1 && !ema_ && compat::kHasFusedAdamW &&
+    deferred_ = opt_->fused() && world_ == 1 &&
                 (cfg.anomaly.action == "continue" || (cfg.anomaly.action == "skip" && cfg.anomaly.spike_factor <= 0));
     if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
     start_telemetry(command);
@@ -145,8 +146,9 @@ class Trainer {
                                 static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
     eval_ = Evaluator::create(cfg_, manifest_, device_, rank_, world_);
     vocab_ = padded_vocab(cfg_.model, data_vocab_);
-    if (cfg_.train.dtype == "bf16" && !device_.is_cuda())
-      throw ConfigError("key 'train.dtype': bf16 autocast needs a CUDA device (train.device=" + cfg_.train.device + ")");
+    if (cfg_.train.dtype == "bf16" && !device_.is_cuda() && !compat::kHasCpuAutocast)
+      throw ConfigError("key 'train.dtype': bf16 autocast on the CPU needs LibTorch >= 2.4 (this is " +
+                        compat::torch_version() + "; train.device=" + cfg_.train.device + ")");
     bf16_ = cfg_.train.dtype == "bf16";
   }
 
@@ -158,15 +160,19 @@ class Trainer {
     if (rank_ == 0) lock_ = std::make_unique<DirLock>(dir, run_dir::kLock, "another trainer");
     files::make_dirs(run_dir::logs(dir));
     log::init(run_dir::rank_log(dir, rank_), /*console=*/rank_ == 0, rank_, world_);
-    if (world_ <= 1) return;
-    log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", rank_, world_, launch_.source.c_str(),
-                   launch_.local_rank, launch_.master_addr.c_str(), launch_.master_port));
+    // One rank has a process group only when dist.backend names one (the device check runs NCCL so).
+    if (world_ <= 1 && cfg_.dist.backend == "auto") return;
+    LaunchEnv env = launch_;
+    if (world_ <= 1 && env.master_addr.empty()) env.master_addr = "127.0.0.1", env.master_port = 0;  // any free port
+    log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", rank_, world_,
+                   env.source.empty() ? "single-process" : env.source.c_str(), env.local_rank, env.master_addr.c_str(),
+                   env.master_port));
     if (cfg_.dist.backend == "nccl" || (cfg_.dist.backend == "auto" && device_.is_cuda())) {
       // NCCL's own log, kept per rank with the run ("why did it break").
       ::setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0);
       ::setenv("NCCL_DEBUG_FILE", (run_dir::logs(dir) + "/nccl_rank" + std::to_string(rank_) + ".%h.%p.log").c_str(), 0);
     }
-    comm_ = std::make_unique<Comm>(launch_, cfg_.dist, device_);
+    comm_ = std::make_unique<Comm>(env, cfg_.dist, device_);
   }
 
   void build_model() {
@@ -298,7 +304,12 @@ class Trainer {
     torch::Tensor stats;
     s->mine = forward_backward(batches, &stats);
     s->step = step_ + 1, s->lr = schedule_.at(step_);
-    if (deferred_) ckpt_->wait_snapshot(), opt_->step(s->lr, stats.isfinite().all().logical_not().to(torch::kFloat));
+    if (deferred_) {  // the update and the EMA gated on the device: nothing waits for the host
+      ckpt_->wait_snapshot();
+      const auto found_inf = stats.isfinite().all().logical_not().to(torch::kFloat);
+      opt_->step(s->lr, found_inf);
+      if (ema_) ema_->update(found_inf);
+    }
     s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
     if (auto prev = std::move(pending_)) settle(*prev, prev->kept);  // done, or nearly, by now
     s->mine.stop = stop_signal::requested() != 0;
@@ -367,9 +378,10 @@ class Trainer {
       auto x = uploader_->upload(b.inputs, b.rows, b.cols);  // (B, T) int64
       auto y = uploader_->upload(b.targets, b.rows, b.cols);
       if (grad_sync_) grad_sync_->begin(m == accum - 1);
-      if (bf16_) compat::set_cuda_autocast(true);
+      if (bf16_) compat::set_autocast(device_, true);
       auto loss = b.rows > 0 ? model_->loss_sum(x, y) : torch::zeros({}, torch::TensorOptions().device(device_));
-      if (bf16_) compat::set_cuda_autocast(false);
+      if (bf16_) compat::set_autocast(device_, false);
+      if (step_ + 1 == fault_nan_step_) loss = loss * std::nan("");  // fault injection (tests): a non-finite step
       if (b.rows > 0) (loss / global_targets).backward();
       if (bf16_) compat::clear_autocast_cache();
       loss_sum += loss.detach();
@@ -553,7 +565,7 @@ class Trainer {
   LrSchedule schedule_;
   TrainLog train_log_;
   StateRegistry state_;
-  bool bf16_ = false;  // CUDA bf16 autocast around forward passes
+  bool bf16_ = false;  // bf16 autocast around forward passes (CUDA; CPU on LibTorch >= 2.4)
   double flops_per_token_ = 0;
   MfuPeak peak_;
   // Distributed.
@@ -571,6 +583,8 @@ class Trainer {
   clock::StealMeter steal_;  // cpu_steal_pct of the train records (rank 0)
   // Progress.
   int64_t step_ = 0, start_step_ = 0, tokens_ = 0, dumps_ = 0;
+  // Fault injection for tests: LM_FAULT_NAN_STEP=<step> makes that step's loss and gradients NaN.
+  const int64_t fault_nan_step_ = std::getenv("LM_FAULT_NAN_STEP") ? std::atoll(std::getenv("LM_FAULT_NAN_STEP")) : 0;
   uint64_t batch_hash_ = 0, step_batches_ = 0;  // step_batches_: loader batches before this step
   double mean_step_s_ = 0, val_loss_ = -1;
   bool stopped_ = false, window_nonfinite_ = false;  // window_nonfinite_: a step of the open window was non-finite

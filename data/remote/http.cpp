@@ -1,7 +1,9 @@
 // HTTP(S)/S3 locations and the retrying fetch (see http.h).
 #include "data/remote/http.h"
 
+#if LM_REMOTE
 #include <curl/curl.h>
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,10 +33,12 @@ std::string trim_slashes(std::string s) {
   return s;
 }
 
+#if LM_REMOTE
 void init_curl_once() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
+#endif
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -75,7 +79,13 @@ RemoteLocation parse_location(const std::string& location, const std::string& ke
   return l;
 }
 
+#if LM_REMOTE
 Http::Http(RemoteLocation loc, double timeout_s) : loc_(std::move(loc)), timeout_s_(timeout_s) { init_curl_once(); }
+#else
+Http::Http(RemoteLocation loc, double timeout_s) : loc_(std::move(loc)), timeout_s_(timeout_s) {
+  throw ConfigError("'" + loc_.location + "': remote datasets are not in this build (configured with LM_REMOTE=OFF)");
+}
+#endif
 
 // One transfer's bookkeeping: where the bytes go and what the last try found.
 struct Http::Attempt {
@@ -91,6 +101,7 @@ struct Http::Attempt {
   bool restart = false;     // the server ignored Range: the file was emptied
 };
 
+#if LM_REMOTE
 namespace {
 
 size_t on_body(char* data, size_t one, size_t n, void* user) {
@@ -178,6 +189,10 @@ void Http::attempt(Attempt& a) const {
 }
 
 // Tries until done; the fault clock restarts whenever a try made progress.
+#else
+void Http::attempt(Attempt&) const { throw ConfigError("remote datasets are not in this build (LM_REMOTE=OFF)"); }
+#endif
+
 void Http::retry_loop(Attempt& a) const {
   std::mt19937_64 rng(std::random_device{}());
   auto fault_start = std::chrono::steady_clock::now();

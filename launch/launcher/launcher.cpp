@@ -20,7 +20,7 @@
 // --grace-period, SIGKILL) and, while restarts are left, all nodes meet again for attempt n+1.
 //
 // LibTorch versions: only TCPStore(host, TCPStoreOptions) with fields that 1.13 and 2.x share is
-// used.
+// used, created through compat::tcp_store (the libuv server of 2.4+ where LibTorch has it).
 #include "launch/launcher/launcher.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/compat.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -237,7 +238,7 @@ class Launcher {
                      o_.master_addr.c_str(), o_.master_port, o_.rdzv_timeout_s));
     try {
       QuietStderr quiet;
-      store_ = c10::make_intrusive<c10d::TCPStore>(o_.master_addr, so);
+      store_ = compat::tcp_store(o_.master_addr, so);
     } catch (const std::exception& e) {
       std::string msg = first_line(e.what());
       if (so.isServer)

@@ -48,7 +48,7 @@ Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& devic
     so.waitWorkers = false;
     so.timeout = timeout;
     so.multiTenant = true;
-    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+    c10::intrusive_ptr<c10d::Store> store = compat::tcp_store(e.master_addr, so);
     if (e.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(e.restart_count), store);
     impl_->store = c10::make_intrusive<c10d::PrefixStore>("lmtrain/", store);

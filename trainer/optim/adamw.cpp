@@ -56,11 +56,17 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
 AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) {
   m_ = torch::zeros_like(flat.params());
   v_ = torch::zeros_like(flat.params());
+  const bool cuda = flat.params().is_cuda();
+  const bool has_kernel = cuda ? compat::kHasFusedAdamW : compat::kHasCpuFusedAdamW;
+  if (cfg.fused == "on" && !has_kernel)
+    throw ConfigError("key 'optim.fused': LibTorch " + compat::torch_version() + " has no at::_fused_adamw_ for " +
+                      (cuda ? "CUDA (needs >= 2.1)" : "the CPU (needs >= 2.4)"));
+  fused_ = cfg.fused == "on" || (cfg.fused == "auto" && cuda && has_kernel);
 }
 
 void AdamW::step(double lr, const torch::Tensor& found_inf) {
   auto& p = flat_.params();
-  if (p.is_cuda() && fused_step(lr, found_inf)) return;
+  if (fused_) return fused_step(lr, found_inf);
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // a host read off the fused path
   ++t_;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps, wd = cfg_.weight_decay;
@@ -98,42 +104,35 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   p.addcdiv_(m_, (v_.sqrt() / bc2_sqrt).add_(eps), -step_size);
 }
 
-// One at::_fused_adamw_ call per decay group; false (nothing done) where LibTorch has no fused
-// kernel. The kernel reads the step counters but does not increment them: Python's _fused_adam
-// adds 1 first and, with found_inf, subtracts found_inf afterwards (torch/optim/adam.py), else the
-// bias corrections of step 1 are 0 and every weight becomes NaN.
-bool AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
-  if (!compat::kHasFusedAdamW) return false;
+// One at::_fused_adamw_ call per decay group (decayed matrices, the rest), over views of the flat
+// buffers. The kernel reads the step counter but does not increment it: Python's _fused_adam adds
+// 1 first and, with found_inf, subtracts found_inf afterwards (torch/optim/adam.py), else the bias
+// corrections of step 1 are 0 and every weight becomes NaN. Every tensor of the lists shares ONE
+// counter (the kernel only reads it), not one counter per tensor or per run.
+void AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
   auto& p = flat_.params();
   torch::NoGradGuard ng;
-  if (steps_.empty())
-    for (size_t i = 0; i < flat_.decay_runs().size(); ++i)
-      steps_.push_back(torch::full({}, static_cast<double>(t_), p.options().dtype(torch::kFloat)));
-  for (auto& s : steps_) s.add_(1);
+  if (!step_.defined()) step_ = torch::full({}, static_cast<double>(t_), p.options().dtype(torch::kFloat));
+  step_.add_(1);
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<torch::Tensor> ps, gs, ms, vs, ts;
-    for (size_t i = 0; i < flat_.decay_runs().size(); ++i) {
-      const auto& run = flat_.decay_runs()[i];
+    for (const auto& run : flat_.decay_runs()) {
       if (run.decay != (decay == 1)) continue;
       ps.push_back(p.narrow(0, run.offset, run.numel));
       gs.push_back(flat_.grads().narrow(0, run.offset, run.numel));
       ms.push_back(m_.narrow(0, run.offset, run.numel));
       vs.push_back(v_.narrow(0, run.offset, run.numel));
-      ts.push_back(steps_[i]);
+      ts.push_back(step_);
     }
     if (!ps.empty())
       compat::fused_adamw(ps, gs, ms, vs, ts, lr, cfg_.beta1, cfg_.beta2, decay ? cfg_.weight_decay : 0.0, cfg_.eps,
                           found_inf);
   }
-  if (found_inf.defined())
-    for (auto& s : steps_) s.sub_(found_inf);
+  if (found_inf.defined()) step_.sub_(found_inf);
   ++t_;  // an upper bound while found_inf may have skipped steps; steps() reads the device truth
-  return true;
 }
 
-int64_t AdamW::steps() const {
-  return steps_.empty() ? t_ : static_cast<int64_t>(steps_[0].item<float>());
-}
+int64_t AdamW::steps() const { return step_.defined() ? static_cast<int64_t>(step_.item<float>()) : t_; }
 
 ComponentState AdamW::state() const {
   ComponentState st;
@@ -158,7 +157,7 @@ void AdamW::load_state(const ComponentState& st) {
     }
   }
   t_ = st.values.at("step").get<int64_t>();
-  steps_.clear();  // the fused kernel's device-side counters are rebuilt from t_
+  step_ = torch::Tensor();  // the fused kernel's device-side counter is rebuilt from t_
 }
 
 }  // namespace lm

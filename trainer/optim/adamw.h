@@ -50,16 +50,20 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 // AdamW with decoupled weight decay, the same update as torch.optim.AdamW (non-amsgrad):
 //   p *= 1 - lr*wd (decayed entries only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
-// On CPU float32 one fused, multi-threaded pass over the flat buffers; on CUDA at::_fused_adamw_
-// where LibTorch has it (>= 2.1), else the same update as tensor ops.
+// optim.fused (optim_config.h) picks at::_fused_adamw_ (CUDA >= 2.1, CPU >= 2.4: the update gated on
+// the device by found_inf); else on CPU float32 one fused, multi-threaded pass over the flat
+// buffers, on CUDA the same update as tensor ops.
 class AdamW {
  public:
   AdamW(FlatParams& flat, const OptimConfig& cfg);
+  // Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel here.
   // One update. found_inf (optional): a 0-dim float32 tensor on the parameters' device; where it
   // holds 1 the step is skipped entirely (weights, moments and the step count stay as they were).
-  // The fused CUDA kernel reads it on the device (no host sync); other paths read it on the host.
+  // The fused kernel reads it on the device (no host sync); the flat update reads it on the host.
   void step(double lr, const torch::Tensor& found_inf = {});
-  // Updates taken so far (skipped ones not counted). With the fused CUDA path this reads the device
+  // True when steps go through at::_fused_adamw_ (optim.fused).
+  bool fused() const { return fused_; }
+  // Updates taken so far (skipped ones not counted). With the fused path this reads the device
   // counter (a host sync).
   int64_t steps() const;
   torch::Tensor& exp_avg() { return m_; }
@@ -74,10 +78,11 @@ class AdamW {
   FlatParams& flat_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
-  bool fused_step(double lr, const torch::Tensor& found_inf);
+  void fused_step(double lr, const torch::Tensor& found_inf);
 
-  int64_t t_ = 0;                     // host step count; the fused path's truth is steps_
-  std::vector<torch::Tensor> steps_;  // CUDA fused path: per decay run, float step counters
+  bool fused_ = false;
+  int64_t t_ = 0;       // host step count; the fused path's truth is step_
+  torch::Tensor step_;  // fused path: the float step counter on the device, shared by every tensor
 };
 
 }  // namespace lm

@@ -10,7 +10,13 @@ namespace lm {
 
 Ema::Ema(FlatParams& flat, double decay) : flat_(flat), decay_(decay), ema_(flat.params().clone()) {}
 
-void Ema::update() { ema_.lerp_(flat_.params(), 1.0 - decay_); }
+void Ema::update(const torch::Tensor& found_inf) {
+  if (!found_inf.defined()) {
+    ema_.lerp_(flat_.params(), 1.0 - decay_);
+    return;
+  }
+  ema_.lerp_(flat_.params(), (1.0 - found_inf) * (1.0 - decay_));  // weight 0 where the step was skipped
+}
 
 ComponentState Ema::state() const {
   ComponentState st;

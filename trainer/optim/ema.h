@@ -13,8 +13,10 @@ class Ema {
  public:
   // Starts as a copy of the current weights. REQUIRES: 0 < decay < 1.
   Ema(FlatParams& flat, double decay);
-  // ema += (1 - decay) * (params - ema), after each optimizer step.
-  void update();
+  // ema += (1 - decay) * (params - ema), after each optimizer step. found_inf (optional, 0-dim float
+  // on the device, as AdamW::step takes it): where it holds 1 the EMA stays as it was, decided on
+  // the device (the fused path's skipped step).
+  void update(const torch::Tensor& found_inf = {});
   // Runs fn() with the EMA weights in place of the model's, then puts the model's back.
   template <typename F>
   auto with_weights(F&& fn) {

@@ -13,6 +13,11 @@ struct OptimConfig {
   double eps = 1e-8;           // AdamW denominator epsilon
   double weight_decay = 0.1;   // decoupled; matrices only (not biases, norms, embeddings)
   double grad_clip = 1.0;      // max global grad norm; 0 = no clipping
+  // auto | on | off: the update as at::_fused_adamw_, skipped on the device when a step is not
+  // finite (found_inf), so the host may read a step's results one step late. auto: on CUDA where
+  // LibTorch has the kernel (>= 2.1); on: also on the CPU (kernel from LibTorch 2.4; refused
+  // before); off: the flat update (CPU: one fused multi-threaded loop; CUDA: tensor ops).
+  std::string fused = "auto";
 };
 
 struct ScheduleConfig {

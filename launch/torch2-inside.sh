@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs INSIDE the LibTorch 2.6 environment that launch/torch2.sh keeps (the repository at /src).
+#   torch2-inside.sh cpu [CTEST ARGS...]   configure + build every target against LibTorch 2.6 (CPU),
+#                                          then the whole ctest
+#   torch2-inside.sh cuda                  configure + build every target against LibTorch 2.6 + CUDA
+#                                          (the pieces unpacked at /opt/cuda), LM_CUDA=ON
+#   torch2-inside.sh build [TARGETS...]    the CPU build alone (BUILD_DIR, default build-torch2)
+# Both builds treat every compiler warning as an error (LM_WERROR) and use ccache.
+set -euo pipefail
+cd /src
+MODE=$1; shift
+JOBS=${NINJA_JOBS:-$(nproc)}
+export CCACHE_BASEDIR=/src
+ccache_stats() { ccache --print-stats 2>/dev/null | awk -F'\t' '$1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} $1=="cache_miss"{m=$2} END{printf "ccache: %d hits, %d misses\n", h, m}'; }
+configure_cpu() {
+  local dir=$1
+  [ -f "$dir/build.ninja" ] && [ -f "$dir/CTestTestfile.cmake" ] && return 0
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DLM_WERROR=ON
+}
+case "$MODE" in
+  build)
+    dir=${BUILD_DIR:-build-torch2}
+    configure_cpu "$dir"
+    ninja -C "$dir" -k 0 -j "$JOBS" "$@"
+    ;;
+  cpu)
+    dir=build-torch2
+    configure_cpu "$dir"
+    t0=$(date +%s)
+    ccache -z >/dev/null
+    ninja -C "$dir" -k 0 -j "$JOBS"
+    echo "torch2: LibTorch $(grep -m1 -oE 'TORCH_VERSION "[0-9.]+"' /usr/include/torch/csrc/api/include/torch/version.h 2>/dev/null ||
+                              echo 2.x) CPU build: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
+    cd "$dir"
+    ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
+    ;;
+  cuda)
+    dir=build-cuda
+    P=/opt/cuda
+    [ -f "$P/.lmtrain-packages" ] || { echo "torch2: the CUDA pieces are not unpacked at $P" >&2; exit 1; }
+    # nvcc 12.4 looks for its own files at fixed places (/usr/lib/nvidia-cuda-toolkit, /usr/lib/cuda,
+    # /etc/nvcc.profile): in this environment, and only here, they point into the unpacked prefix.
+    for l in /usr/lib/nvidia-cuda-toolkit /usr/lib/cuda; do
+      if [ -e "$P$l" ] && [ ! -L "$l" ]; then rm -rf "$l"; ln -s "$P$l" "$l"; fi
+    done
+    rm -f /etc/nvcc.profile
+    cat > /etc/nvcc.profile <<EOF
+# launch/torch2-inside.sh: Debian's profile, with the unpacked prefix's headers and libraries.
+NVVMIR_LIBRARY_DIR = /usr/lib/nvidia-cuda-toolkit/libdevice
+PATH += /usr/lib/nvidia-cuda-toolkit/bin:
+INCLUDES += -I$P/usr/include
+LIBRARIES =+ \$(_SPACE_) -L$P/usr/lib/x86_64-linux-gnu/stubs -L$P/usr/lib/x86_64-linux-gnu
+EOF
+    export PATH="$P/usr/bin:$PATH"
+    export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu"
+    if [ ! -f "$dir/build.ninja" ]; then
+      cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DLM_WERROR=ON \
+        -DLM_CUDA=ON -DCMAKE_PREFIX_PATH="$P/usr;$P/usr/lib/x86_64-linux-gnu/cmake" \
+        -DCMAKE_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$P/usr/include" \
+        -DCUDAToolkit_ROOT="$P/usr" -DCMAKE_CUDA_COMPILER="$P/usr/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-13 \
+        -DCUDA_TOOLKIT_ROOT_DIR="$P/usr/lib/nvidia-cuda-toolkit" -DTORCH_CUDA_ARCH_LIST=9.0 \
+        -DLM_LINK_ALLOW_SHLIB_UNDEFINED=ON
+    fi
+    t0=$(date +%s)
+    ccache -z >/dev/null
+    ninja -C "$dir" -k 0 -j "$JOBS"
+    grep -m1 -E '^LM_CUDA:' "$dir/CMakeCache.txt" || true
+    echo "torch2: CUDA build of every target: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
+    ;;
+  *) echo "torch2-inside.sh: unknown mode '$MODE'" >&2; exit 2 ;;
+esac
