@@ -71,13 +71,13 @@ using Optional = c10::optional<T>;
 // (TCPStoreOptions::useLibUV = true), and a LibTorch built without libuv (Debian's) then refuses to
 // host the store: "use_libuv was requested but PyTorch was build without libuv support". As
 // torchrun does, USE_LIBUV=0 asks for the classic server; otherwise libuv is tried first and, where
-// this LibTorch has none, the classic server is used (whether it has one is not exported, so the
+// this LibTorch has none, the classic one is used (whether it has one is not exported, so the
 // refusal is the test). Clients speak the same protocol to either server.
 inline c10::intrusive_ptr<c10d::TCPStore> tcp_store(const std::string& host, c10d::TCPStoreOptions opts) {
 #if LM_TORCH_AT_LEAST(2, 4)
   const char* env = std::getenv("USE_LIBUV");
   opts.useLibUV = !(env && std::string(env) == "0");
-  if (opts.useLibUV && opts.isServer) {
+  if (opts.useLibUV) {  // a client is refused the same way (TCPStore's constructor checks either)
     try {
       return c10::make_intrusive<c10d::TCPStore>(host, opts);
     } catch (const std::exception& e) {

@@ -19,6 +19,7 @@ if [ "${1:-}" != job ]; then
     zstd  # raw .zst text sources in tests (data/text/)
     nginx-light curl  # remote dataset tests (nginx; s3rver: npm_deps.sh)
     clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
+    ccache debootstrap  # the compiler cache of the test builds; the LibTorch 2.6 environment (launch/torch2.sh)
   )
 fi
 missing=()

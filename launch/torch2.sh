@@ -40,7 +40,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git ccache g++-13
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libprotobuf-dev protobuf-compiler
       libisal-dev libzstd-dev libcurl4-openssl-dev bible-kjv
       googletest libgtest-dev libgmock-dev python3-torch python3-numpy zstd nginx curl nodejs
-      mount util-linux bsdutils procps)
+      mount util-linux bsdutils procps jq)
 # The CUDA build's pieces (unpacked, not installed). cuDNN is not among them: it is linked from
 # libtorch_cuda.so only, so the project links with --allow-shlib-undefined.
 CUDA_PKGS=(libtorch-cuda-dev libtorch-cuda-2.6 nvidia-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
@@ -66,7 +66,6 @@ inside() {
     mount -t proc proc "$R/proc"
     mount --rbind /sys "$R/sys"
     mount --rbind /dev "$R/dev"
-    mount -t tmpfs -o size=4g tmpfs "$R/tmp"
     mkdir -p "$R/src" && mount --bind "$SRC" "$R/src"
     [ -d "$R/../cuda" ] && mkdir -p "$R/opt/cuda" && mount --bind "$R/../cuda" "$R/opt/cuda"
     [ -d "$R/../ccache" ] && mkdir -p "$R/var/cache/ccache" && mount --bind "$R/../ccache" "$R/var/cache/ccache"

@@ -10,6 +10,7 @@
 #include "models/gpt.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/runtime/device.h"
+#include "trainer/runtime/host_allocator.h"
 
 namespace lm {
 namespace {
@@ -79,6 +80,27 @@ TEST(Device, MeasuredPeakBeatenByTrainingIsMeasuredAgainOnce) {
   const double again = slow.flops;
   EXPECT_DOUBLE_EQ(slow.pct(2 * again), 200.0);
   EXPECT_TRUE(std::isnan(MfuPeak{}.pct(1e9))) << "unknown peak: null in the records";
+}
+
+// LibTorch 2.x's CPU kernels (bf16 matmuls) take scratch space through the allocator's raw API,
+// which needs the context to be the data pointer and a raw deleter: both sizes (cached and the
+// default allocator's small blocks) round-trip, and a freed cached block is handed out again.
+TEST(Device, CachingHostAllocatorServesTheRawApi) {
+  install_caching_host_allocator();
+  c10::Allocator* a = c10::GetCPUAllocator();
+  ASSERT_NE(a->raw_deleter(), nullptr);
+  for (size_t n : {size_t{100}, size_t{3} << 20}) {
+    void* p = a->raw_allocate(n);
+    ASSERT_NE(p, nullptr);
+    static_cast<char*>(p)[n - 1] = 1;
+    a->raw_deallocate(p);
+  }
+  const auto before = host_allocator_stats();
+  void* again = a->raw_allocate(size_t{3} << 20);
+  EXPECT_EQ(host_allocator_stats().hits, before.hits + 1) << "the freed 3 MB block was not reused";
+  a->raw_deallocate(again);
+  auto t = torch::ones({1 << 20});  // tensors still free through their DataPtr
+  EXPECT_EQ(t.sum().item<float>(), float(1 << 20));
 }
 
 TEST(Device, HostScalarsReadBackTheValues) {

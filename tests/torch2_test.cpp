@@ -24,14 +24,14 @@ namespace {
 
 using test::TempDir;
 
-std::string needs_2_4() {
+std::string needs_torch_2_4() {
   if (!compat::kHasCpuFusedAdamW || !compat::kHasCpuAutocast)
     return "LibTorch " + compat::torch_version() + " has no CPU at::_fused_adamw_ / per-device autocast (>= 2.4): " +
            "bash launch/torch2.sh runs this against LibTorch 2.6";
   return "";
 }
 
-OptimConfig optim_config(const std::string& fused) {
+OptimConfig optim_config_fused(const std::string& fused) {
   OptimConfig oc;
   oc.lr = 1e-2;
   oc.weight_decay = 0.1;
@@ -39,12 +39,12 @@ OptimConfig optim_config(const std::string& fused) {
   return oc;
 }
 
-struct Twin {
-  explicit Twin(const std::string& fused) : model(nullptr) {
+struct OptimPair {
+  explicit OptimPair(const std::string& fused) : model(nullptr) {
     torch::manual_seed(7);
     model = GPT(test::tiny_model(), 64);
     flat = std::make_unique<FlatParams>(*model);
-    opt = std::make_unique<AdamW>(*flat, optim_config(fused));
+    opt = std::make_unique<AdamW>(*flat, optim_config_fused(fused));
     ema = std::make_unique<Ema>(*flat, 0.9);
   }
   GPT model;
@@ -53,7 +53,7 @@ struct Twin {
   std::unique_ptr<Ema> ema;
 };
 
-void expect_close(const torch::Tensor& a, const torch::Tensor& b, const std::string& what, double rtol = 1e-5,
+void expect_near_t2(const torch::Tensor& a, const torch::Tensor& b, const std::string& what, double rtol = 1e-5,
                   double atol = 1e-6) {
   ASSERT_EQ(a.sizes(), b.sizes()) << what;
   EXPECT_TRUE(torch::allclose(a, b, rtol, atol)) << what << ": max abs diff " << (a - b).abs().max().item<double>();
@@ -64,8 +64,8 @@ void expect_close(const torch::Tensor& a, const torch::Tensor& b, const std::str
 // does. Checked to fail with the undo of the counter removed (steps 5 vs 4, params differ) and
 // with the EMA's gate removed (EMA differs).
 TEST(Torch2Cpu, FusedAdamWGatedOnTheDeviceMatchesTheFlatStep) {
-  if (auto why = needs_2_4(); !why.empty()) GTEST_SKIP() << why;
-  Twin flat("off"), fused("on");
+  if (auto why = needs_torch_2_4(); !why.empty()) GTEST_SKIP() << why;
+  OptimPair flat("off"), fused("on");
   ASSERT_FALSE(flat.opt->fused());
   ASSERT_TRUE(fused.opt->fused());
   for (int k = 0; k < 5; ++k) {
@@ -83,20 +83,20 @@ TEST(Torch2Cpu, FusedAdamWGatedOnTheDeviceMatchesTheFlatStep) {
     fused.opt->step(lr, found_inf);
     fused.ema->update(found_inf);
     SCOPED_TRACE("step " + std::to_string(k + 1));
-    expect_close(fused.flat->params(), flat.flat->params(), "params");
-    expect_close(fused.opt->exp_avg(), flat.opt->exp_avg(), "exp_avg");
-    expect_close(fused.opt->exp_avg_sq(), flat.opt->exp_avg_sq(), "exp_avg_sq");
-    expect_close(fused.ema->state().tensors[0].second, flat.ema->state().tensors[0].second, "ema");
+    expect_near_t2(fused.flat->params(), flat.flat->params(), "params");
+    expect_near_t2(fused.opt->exp_avg(), flat.opt->exp_avg(), "exp_avg");
+    expect_near_t2(fused.opt->exp_avg_sq(), flat.opt->exp_avg_sq(), "exp_avg_sq");
+    expect_near_t2(fused.ema->state().tensors[0].second, flat.ema->state().tensors[0].second, "ema");
     EXPECT_EQ(fused.opt->steps(), flat.opt->steps());
   }
   EXPECT_EQ(fused.opt->steps(), 4);
   // The counter survives a checkpoint: state out, into a fresh optimizer, one more step each.
-  Twin resumed("on");
+  OptimPair resumed("on");
   resumed.flat->params().copy_(fused.flat->params());
   resumed.opt->load_state(fused.opt->state());
   EXPECT_EQ(resumed.opt->steps(), 4);
   for (auto* t : {&fused, &resumed}) t->flat->grads().fill_(0.5), t->opt->step(1e-2);
-  expect_close(resumed.flat->params(), fused.flat->params(), "after resume");
+  expect_near_t2(resumed.flat->params(), fused.flat->params(), "after resume");
 }
 
 TEST(Torch2Cpu, FusedOnIsRefusedWhereLibTorchHasNoCpuKernel) {
@@ -105,26 +105,26 @@ TEST(Torch2Cpu, FusedOnIsRefusedWhereLibTorchHasNoCpuKernel) {
   GPT model(test::tiny_model(), 64);
   FlatParams flat(*model);
   try {
-    AdamW opt(flat, optim_config("on"));
+    AdamW opt(flat, optim_config_fused("on"));
     FAIL() << "optim.fused=on accepted without a CPU kernel";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optim.fused"), std::string::npos) << e.what();
   }
 }
 
-std::map<std::string, torch::Tensor> tensors_of(const std::string& path) {
+std::map<std::string, torch::Tensor> tensors_by_name(const std::string& path) {
   std::map<std::string, torch::Tensor> out;
   for (auto& [name, t] : load_safetensors(path)) out[name] = t;
   return out;
 }
 
-std::vector<nlohmann::json> train_records(const std::string& run) {
+std::vector<nlohmann::json> t2_train_records(const std::string& run) {
   std::vector<nlohmann::json> out;
   for (auto& line : test::metrics_of_kind(run + "/metrics.jsonl", "train")) out.push_back(nlohmann::json::parse(line));
   return out;
 }
 
-test::RunResult train(const std::string& run, std::vector<std::string> extra, std::vector<std::string> env = {}) {
+test::RunResult run_trainer(const std::string& run, std::vector<std::string> extra, std::vector<std::string> env = {}) {
   std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + test::shared_bytes_dataset(),
                                 "run.dir=" + run, "eval.batches=0", "train.threads=1", "checkpoint.every_steps=0"};
   a.insert(a.end(), extra.begin(), extra.end());
@@ -138,19 +138,19 @@ test::RunResult train(const std::string& run, std::vector<std::string> extra, st
 // The whole trainer on the fused path (results read one step late between logged steps, the
 // update and the EMA gated on the device) against the flat path, with step 6 made non-finite.
 TEST(Torch2Cpu, TrainerOnTheFusedPathMatchesTheFlatPathAcrossANonFiniteStep) {
-  if (auto why = needs_2_4(); !why.empty()) GTEST_SKIP() << why;
+  if (auto why = needs_torch_2_4(); !why.empty()) GTEST_SKIP() << why;
   TempDir a, b;
   const std::vector<std::string> common = {"train.max_steps=12", "log.every_steps=4", "train.ema_decay=0.9",
                                            "anomaly.action=continue", "anomaly.max_dumps=0"};
   auto with = [&](const char* fused) { auto v = common; v.push_back(std::string("optim.fused=") + fused); return v; };
   const std::vector<std::string> nan6 = {"LM_FAULT_NAN_STEP=6"};
-  auto ra = train(a.path(), with("off"), nan6);
+  auto ra = run_trainer(a.path(), with("off"), nan6);
   ASSERT_EQ(ra.exit_code, 0) << ra.out;
-  auto rb = train(b.path(), with("on"), nan6);
+  auto rb = run_trainer(b.path(), with("on"), nan6);
   ASSERT_EQ(rb.exit_code, 0) << rb.out;
   EXPECT_NE(rb.out.find("read one step late"), std::string::npos) << "the fused run did not defer: " << rb.out;
   EXPECT_EQ(ra.out.find("read one step late"), std::string::npos);
-  const auto la = train_records(a.path()), lb = train_records(b.path());
+  const auto la = t2_train_records(a.path()), lb = t2_train_records(b.path());
   ASSERT_EQ(la.size(), 3u);
   ASSERT_EQ(lb.size(), 3u);
   for (size_t i = 0; i < la.size(); ++i) {
@@ -165,12 +165,12 @@ TEST(Torch2Cpu, TrainerOnTheFusedPathMatchesTheFlatPathAcrossANonFiniteStep) {
   }
   const std::string last = "/checkpoints/" + run_dir::step_name(12) + "/";
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "ema.safetensors"}) {
-    auto ta = tensors_of(a.path() + last + f), tb = tensors_of(b.path() + last + f);
+    auto ta = tensors_by_name(a.path() + last + f), tb = tensors_by_name(b.path() + last + f);
     ASSERT_EQ(ta.size(), tb.size()) << f;
     ASSERT_FALSE(ta.empty()) << f;
     for (auto& [name, t] : ta) {
       EXPECT_TRUE(torch::isfinite(tb.at(name)).all().item<bool>()) << f << " " << name;
-      expect_close(tb.at(name), t, std::string(f) + " " + name, 1e-4, 1e-6);
+      expect_near_t2(tb.at(name), t, std::string(f) + " " + name, 1e-4, 1e-6);
     }
   }
   auto steps = [&](const std::string& run) {
@@ -183,16 +183,16 @@ TEST(Torch2Cpu, TrainerOnTheFusedPathMatchesTheFlatPathAcrossANonFiniteStep) {
 // bf16 autocast on the CPU (the cast cache cleared after each forward/backward): a finite loss that
 // falls, and stays close to fp32's.
 TEST(Torch2Cpu, Bf16AutocastTrainsCloseToFp32) {
-  if (auto why = needs_2_4(); !why.empty()) GTEST_SKIP() << why;
+  if (auto why = needs_torch_2_4(); !why.empty()) GTEST_SKIP() << why;
   TempDir a, b;
   const std::vector<std::string> common = {"train.max_steps=40", "log.every_steps=10"};
-  auto ra = train(a.path(), common);
+  auto ra = run_trainer(a.path(), common);
   ASSERT_EQ(ra.exit_code, 0) << ra.out;
   auto v = common;
   v.push_back("train.dtype=bf16");
-  auto rb = train(b.path(), v);
+  auto rb = run_trainer(b.path(), v);
   ASSERT_EQ(rb.exit_code, 0) << rb.out;
-  const auto la = train_records(a.path()), lb = train_records(b.path());
+  const auto la = t2_train_records(a.path()), lb = t2_train_records(b.path());
   ASSERT_EQ(la.size(), 4u);
   ASSERT_EQ(lb.size(), 4u);
   for (size_t i = 0; i < lb.size(); ++i) {
@@ -218,11 +218,11 @@ TEST(Torch2Cpu, SdpaMatchesTheFused113AttentionKernel) {
   ASSERT_TRUE(causal_attention_qkv_applies(qkv2));
   auto y = causal_self_attention(qkv, H, 0.0, /*train=*/true, nullptr, 0);  // SDPA on >= 2.0
   auto y2 = causal_attention_qkv(qkv2, H);
-  expect_close(y, y2, "forward", 1e-5, 1e-5);
+  expect_near_t2(y, y2, "forward", 1e-5, 1e-5);
   const auto g = torch::randn_like(y);
   y.backward(g);
   y2.backward(g);
-  expect_close(qkv.grad(), qkv2.grad(), "backward", 1e-4, 1e-5);
+  expect_near_t2(qkv.grad(), qkv2.grad(), "backward", 1e-4, 1e-5);
 }
 
 }  // namespace

@@ -27,11 +27,6 @@ void* allocate_block(size_t size) {
   return p;
 }
 
-struct Block {
-  void* ptr;
-  size_t size;  // rounded size class
-};
-
 class CachingHostAllocator final : public c10::Allocator {
  public:
   explicit CachingHostAllocator(size_t max_cached) : max_cached_(max_cached) {}
@@ -53,10 +48,17 @@ class CachingHostAllocator final : public c10::Allocator {
       }
     }
     if (!ptr) ptr = allocate_block(size);
-    return {ptr, new Block{ptr, size}, &CachingHostAllocator::release, c10::Device(c10::DeviceType::CPU)};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_[ptr] = size;
+    }
+    return {ptr, ptr, &CachingHostAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }  // contexts differ from data
+  // The context is the data pointer (LibTorch 2.x's raw_allocate/raw_deallocate, used by its bf16
+  // CPU matmuls for scratch space, require it and a raw deleter); small blocks are the default
+  // allocator's, whose context is its data pointer too.
+  c10::DeleterFnPtr raw_deleter() const override { return &CachingHostAllocator::release; }
   LM_ALLOCATOR_COPY_DATA
 
   HostAllocatorStats stats() const {
@@ -65,10 +67,16 @@ class CachingHostAllocator final : public c10::Allocator {
   }
 
  private:
-  static void release(void* ctx) {
-    auto* b = static_cast<Block*>(ctx);
-    instance()->put(b->ptr, b->size);
-    delete b;
+  static void release(void* ptr) {
+    auto* self = instance();
+    size_t size = 0;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      auto it = self->live_.find(ptr);
+      if (it != self->live_.end()) size = it->second, self->live_.erase(it);
+    }
+    if (size == 0) return c10::GetDefaultCPUAllocator()->raw_deleter()(ptr);  // a small block
+    self->put(ptr, size);
   }
 
   void put(void* ptr, size_t size) const {
@@ -100,6 +108,7 @@ class CachingHostAllocator final : public c10::Allocator {
   const size_t max_cached_;
   mutable std::mutex mu_;
   mutable std::unordered_map<size_t, std::vector<void*>> free_;
+  mutable std::unordered_map<void*, size_t> live_;  // handed out: pointer -> size class
   mutable size_t cached_ = 0;
   mutable uint64_t hits_ = 0, misses_ = 0;
 };
