@@ -29,8 +29,7 @@ case "$MODE" in
     t0=$(date +%s)
     ccache -z >/dev/null
     ninja -C "$dir" -k 0 -j "$JOBS"
-    echo "torch2: LibTorch $(grep -m1 -oE 'TORCH_VERSION "[0-9.]+"' /usr/include/torch/csrc/api/include/torch/version.h 2>/dev/null ||
-                              echo 2.x) CPU build: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
+    echo "torch2: LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev) CPU build: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
     cd "$dir"
     ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
     ;;

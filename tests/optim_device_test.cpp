@@ -1,6 +1,7 @@
 // AdamW's device paths: the fused CUDA kernel (at::_fused_adamw_) against the CPU flat update, the
 // found_inf gate on both, and HostScalars (device values read back late). The CUDA cases compile
 // only where LibTorch has CUDA (LM_CUDA) and skip without a GPU: bench/gpu.sh runs them there.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <cmath>
 #include <torch/torch.h>
