@@ -63,6 +63,7 @@ inside() {
   unshare --mount --propagation private -- /bin/bash -c '
     set -e
     R=$1; shift; SRC=$1; shift
+    mount --bind "$R" "$R"  # the root a mount point: unshare -m inside (the disk-full tests) needs it
     mount -t proc proc "$R/proc"
     mount --rbind /sys "$R/sys"
     mount --rbind /dev "$R/dev"

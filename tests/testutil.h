@@ -88,6 +88,12 @@ std::string data_error(Fn fn) {
   return "";
 }
 
+// "" unless `out` (a Python torch peer's output) shows its TCPStore refused for want of libuv: Debian
+// 13's python3-torch 2.6 is built without libuv, yet its torchrun (static and c10d rendezvous) and
+// its agent-store clients ask for it whatever USE_LIBUV says, so the Python peer cannot meet there.
+// Then the reason to skip with (our own stores fall back: compat::tcp_store).
+std::string python_torch_lacks_libuv(const std::string& out);
+
 // A small deterministic English-like corpus of `lines` lines (one document per line).
 std::string synthetic_corpus(int lines, unsigned seed = 1);
 

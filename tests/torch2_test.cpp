@@ -170,7 +170,7 @@ TEST(Torch2Cpu, TrainerOnTheFusedPathMatchesTheFlatPathAcrossANonFiniteStep) {
     ASSERT_FALSE(ta.empty()) << f;
     for (auto& [name, t] : ta) {
       EXPECT_TRUE(torch::isfinite(tb.at(name)).all().item<bool>()) << f << " " << name;
-      expect_near_t2(tb.at(name), t, std::string(f) + " " + name, 1e-4, 1e-6);
+      expect_near_t2(tb.at(name), t, std::string(f) + " " + name, 1e-4, 1e-5);  // 11 steps of fp32 rounding
     }
   }
   auto steps = [&](const std::string& run) {
