@@ -42,8 +42,9 @@ if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.
 else for i in $(seq 20000); do echo "in the beginning god created the heaven and the earth $i"; done > "$WORK/corpus.txt"; fi
 "$B/prep" "$WORK/corpus.txt" --out "$WORK/data" --tokenizer bytes --quiet >&2
 
+CPUS=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMP_NUM_THREADS=$THREADS
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs; peer: $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $CPUS CPUs; peer: $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
 peer=() tuned=() cpp=() compiled=()
 # run_peer [--compile] ENV...: the peer's tokens/s (the compiled peer warms up longer: inductor
 # compiles during its first steps, which the timing leaves out).

@@ -14,6 +14,14 @@ t0=$(date +%s)
 times=()
 phase() { times+=("$(printf '%-28s %5d s' "$1" $(( $(date +%s) - t0 )))"); t0=$(date +%s); }
 bash launch/deps.sh
+# The LibTorch 2.6 environment (debootstrap, packages, the CUDA pieces: downloads and unpacking,
+# little CPU) is made while LibTorch 1.13 builds and tests; a no-op when it is already there.
+prep_pid=
+if [ -z "${LM_SKIP_TORCH2:-}" ]; then
+  mkdir -p build
+  bash launch/torch2.sh prepare > build/torch2-prepare.log 2>&1 &
+  prep_pid=$!
+fi
 bash launch/build.sh
 phase "build (LibTorch 1.13)"
 (cd build && ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@")
@@ -23,7 +31,9 @@ if [ -z "${LM_SKIP_HARDENING:-}" ]; then
   FUZZ_BASE_ONLY=${FUZZ_BASE_ONLY-1} bash launch/fuzz.sh "${FUZZ_SECONDS:-5}"
   phase "hardening"
 fi
-if [ -z "${LM_SKIP_TORCH2:-}" ]; then
+if [ -n "$prep_pid" ]; then
+  wait "$prep_pid" || { tail -20 build/torch2-prepare.log >&2; echo "test: making the LibTorch 2.6 environment failed (log: build/torch2-prepare.log)" >&2; exit 1; }
+  phase "LibTorch 2.6 environment (waited)"
   bash launch/torch2.sh cpu
   phase "LibTorch 2.6 CPU: build+ctest"
   bash launch/torch2.sh cuda

@@ -11,6 +11,9 @@
 #   bash launch/torch2.sh peer [ARGS...]          bench/cpu_vs_peer.sh in the environment: the trainer on
 #                                                 2.6 against python3-torch 2.6 eager and torch.compile
 #   bash launch/torch2.sh shell [COMMAND...]      a shell (or COMMAND) in the environment, at the repository
+#   bash launch/torch2.sh prepare                 only make (or check) the environment and the CUDA pieces:
+#                                                 downloads and unpacking, little CPU (the test command runs
+#                                                 it alongside the LibTorch 1.13 build)
 #
 # Where things live (LM_TORCH2_DIR, default /var/cache/lmtrain/torch2; about 9 GB with the CUDA pieces):
 #   root/        the trixie environment: LibTorch 2.6 CPU and everything the build and tests need
@@ -24,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 MODE=${1:-cpu}
-case "$MODE" in cpu|cuda|peer|shell) [ $# -eq 0 ] || shift ;; *) MODE=cpu ;; esac
+case "$MODE" in cpu|cuda|peer|shell|prepare) [ $# -eq 0 ] || shift ;; *) MODE=cpu ;; esac
 TOP=${LM_TORCH2_DIR:-/var/cache/lmtrain/torch2}
 ROOT=$TOP/root
 SUITE=trixie
@@ -34,12 +37,13 @@ die() { echo "torch2: $*" >&2; exit 1; }
 
 # What the environment holds. The same list as launch/deps.sh, with trixie's names (clang and its
 # runtime are left out: the fuzzers run in the bookworm suite), plus ccache, g++-13 (nvcc 12.4's
-# newest host compiler) and nodejs (s3rver, installed by npm into .deps/node by the bookworm suite).
+# newest host compiler), nodejs (s3rver, installed by npm into .deps/node by the bookworm suite), and
+# python3-setuptools + python3-dev (torch.compile's inductor builds C++ against Python.h: the peer).
 PKGS=(build-essential cmake ninja-build pkg-config git ccache g++-13
       libtorch-dev libopenblas0-pthread libgloo-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libprotobuf-dev protobuf-compiler
       libisal-dev libzstd-dev libcurl4-openssl-dev bible-kjv
-      googletest libgtest-dev libgmock-dev python3-torch python3-numpy zstd nginx curl nodejs
+      googletest libgtest-dev libgmock-dev python3-torch python3-numpy python3-setuptools python3-dev zstd nginx curl nodejs
       mount util-linux bsdutils procps jq)
 # The CUDA build's pieces (unpacked, not installed). cuDNN is not among them: it is linked from
 # libtorch_cuda.so only, so the project links with --allow-shlib-undefined.
@@ -147,6 +151,8 @@ flock 9  # one user of the environment at a time (two CI runs on one machine wai
 t0=$(date +%s)
 make_root
 case "$MODE" in
+  prepare)
+    make_cuda ;;
   cpu)
     inside /bin/bash /src/launch/torch2-inside.sh cpu "$@" ;;
   cuda)

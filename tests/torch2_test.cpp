@@ -1,7 +1,7 @@
 // What the GPU path runs, run on a CPU where LibTorch can (>= 2.4; `bash launch/torch2.sh` runs
 // this suite against Debian 13's LibTorch 2.6): at::_fused_adamw_ gated on the device (one shared
 // step counter, the found_inf skip and its undo, the one-step-late reads, EMA gated the same way)
-// against the flat AdamW step for step; bf16 autocast; at::scaled_dot_product_attention against
+// against the flat AdamW step for step; bf16 autocast and its cast cache; at::scaled_dot_product_attention against
 // the fused 1.13 attention kernel. On LibTorch 1.13 each test skips saying what it needs.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -205,6 +205,39 @@ TEST(Torch2Cpu, Bf16AutocastTrainsCloseToFp32) {
   bool differs = false;
   for (size_t i = 0; i < la.size(); ++i) differs |= la[i]["loss"].get<double>() != lb[i]["loss"].get<double>();
   EXPECT_TRUE(differs) << "bf16 gave fp32's losses bit for bit: autocast was not on";
+}
+
+// The autocast cast cache keeps the bf16 copy of an fp32 leaf weight until it is cleared, so a
+// later forward would use a weight the optimizer has since changed; the trainer clears it after
+// every forward/backward (compat::clear_autocast_cache). FlatParams' weights are such leaves (their
+// own tensors over the flat storage, set_data, not autograd views), so they are cached like any.
+// Fails with the clear made a no-op.
+TEST(Torch2Cpu, AutocastCacheHoldsFlatWeightsUntilCleared) {
+  if (auto why = needs_torch_2_4(); !why.empty()) GTEST_SKIP() << why;
+  torch::manual_seed(5);
+  const torch::Device cpu(torch::kCPU);
+  // The weight itself goes to the op (a transposed view would never be cached).
+  auto cast_mm = [](const torch::Tensor& x, const torch::Tensor& w) { return torch::mm(x, w).to(torch::kFloat); };
+  OptimPair pair("off");
+  torch::Tensor w;
+  for (auto& p : pair.model->parameters())
+    if (p.dim() == 2) { w = p; break; }
+  ASSERT_TRUE(w.defined());
+  ASSERT_TRUE(w.is_leaf() && w.requires_grad());
+  const auto x = torch::randn({4, w.size(0)});
+  compat::set_autocast(cpu, true);
+  const auto before = cast_mm(x, w);
+  {
+    torch::NoGradGuard ng;
+    w.add_(1.0);  // what the optimizer does between two steps
+  }
+  const auto stale = cast_mm(x, w);
+  compat::clear_autocast_cache();
+  const auto fresh = cast_mm(x, w);
+  compat::set_autocast(cpu, false);
+  compat::clear_autocast_cache();
+  EXPECT_TRUE(torch::equal(stale, before)) << "autocast no longer caches a flat weight's cast: the premise changed";
+  EXPECT_FALSE(torch::allclose(fresh, before)) << "compat::clear_autocast_cache() left the stale cast in the cache";
 }
 
 // at::scaled_dot_product_attention (what 2.x runs) against the fused CPU kernel that 1.13 runs,

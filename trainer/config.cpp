@@ -226,7 +226,7 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
   s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch", 1);
   s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per step", 1);
-  s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = its default", 0, 1024);
+  s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = 1 on CPU, LibTorch's default on CUDA", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
 
   s.choice("train.dtype", &c.train.dtype, "compute dtype (bf16: autocast; on CPU LibTorch >= 2.4)", {"fp32", "bf16"});

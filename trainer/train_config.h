@@ -17,7 +17,7 @@ struct TrainConfig {
   int64_t max_steps = 1000;       // optimizer steps
   int64_t micro_batch_size = 8;   // sequences per forward/backward
   int64_t grad_accum = 1;         // micro-batches per optimizer step
-  int64_t threads = 0;            // LibTorch intra-op threads; 0 = LibTorch's default
+  int64_t threads = 0;            // LibTorch intra-op threads; 0 = 1 on CPU, LibTorch's default on CUDA
   std::string device = "auto";    // auto | cpu | cuda
   double ema_decay = 0.0;         // EMA of the weights, updated every step; 0 = off
   std::string dtype = "fp32";     // fp32 | bf16 (CUDA autocast; fp32 master weights and optimizer state)
