@@ -30,6 +30,7 @@
 #include "data/text/text_index.h"
 #include "data/tokenizer/tokenizer.h"
 #include "common/errors.h"
+#include "common/clock.h"
 #include "common/checksum.h"
 #include "common/files.h"
 #include "common/parallel.h"
@@ -288,9 +289,7 @@ void validate(const PrepOptions& o) {
   if (o.threads < 0) throw UsageError("--threads: must be >= 0");
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using clock::seconds_since;
 
 void require_documents(const std::vector<Source>& sources, const PrepOptions& opt) {
   std::string first;

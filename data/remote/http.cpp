@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
@@ -40,9 +41,7 @@ void init_curl_once() {
 }
 #endif
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+using clock::seconds_since;
 
 }  // namespace
 

@@ -29,8 +29,8 @@ namespace lm {
 namespace {
 
 namespace stdfs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+using Clock = clock::Steady;
+using clock::ms_since;
 
 using run_dir::step_name;
 constexpr const char* kResaveSuffix = ".old";  // step_N.old: the checkpoint a re-save replaces
