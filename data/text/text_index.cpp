@@ -32,8 +32,8 @@ FileStamp stamp_of(const std::string& path) {
   return {static_cast<uint64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-// Documents read but not yet tokenized.
-struct Batch {
+// Documents read but not yet tokenized: one tokenizing work item (not the loader's training Batch).
+struct DocBatch {
   std::vector<TextDoc> docs;
   std::vector<uint32_t> tokens;
   std::vector<char> val;
@@ -101,7 +101,7 @@ TextIndex TextIndex::build(const std::string& path, const TextOptions& o, const 
   const FileStamp st = stamp_of(path);
   ix.file_size = st.size, ix.mtime_ns = st.mtime_ns;
   std::vector<uint64_t> hashes;
-  std::vector<Batch> round;
+  std::vector<DocBatch> round;
   auto flush = [&] {  // tokenizes a round of batches in parallel, appends them in reading order
     parallel_for(round.size(), threads, [&](size_t i) {
       for (const auto& d : round[i].docs) {
