@@ -33,7 +33,7 @@ if [ -z "${LM_SKIP_HARDENING:-}" ]; then
 fi
 if [ -n "$prep_pid" ]; then
   wait "$prep_pid" || { tail -20 build/torch2-prepare.log >&2; echo "test: making the LibTorch 2.6 environment failed (log: build/torch2-prepare.log)" >&2; exit 1; }
-  phase "LibTorch 2.6 environment (waited)"
+  phase "LibTorch 2.6 env (waited)"
   bash launch/torch2.sh cpu
   phase "LibTorch 2.6 CPU: build+ctest"
   bash launch/torch2.sh cuda

@@ -15,7 +15,7 @@
 #                                                 downloads and unpacking, little CPU (the test command runs
 #                                                 it alongside the LibTorch 1.13 build)
 #
-# Where things live (LM_TORCH2_DIR, default /var/cache/lmtrain/torch2; about 9 GB with the CUDA pieces):
+# Where things live (LM_TORCH2_DIR, default /var/cache/lmtrain/torch2; about 11 GB with the CUDA pieces):
 #   root/        the trixie environment: LibTorch 2.6 CPU and everything the build and tests need
 #   cuda-debs/   the CUDA packages, downloaded once (apt-get download inside root/)
 #   cuda/        those packages unpacked with dpkg-deb -x (never installed: libtorch-cuda-2.6

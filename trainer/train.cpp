@@ -177,12 +177,7 @@ class Trainer {
 
   void build_model() {
     install_caching_host_allocator();
-    // 0 on CPU: one intra-op thread, OpenBLAS threads the matmuls itself. Measured fastest on 2
-    // cores: LibTorch and BLAS both threaded spin against each other (~2x slower at the kjv shape,
-    // ~20x at the tests' tiny one). Debian's 1.13 starts with one thread, 2.x with one per core, so
-    // it is set, not left to the version. On CUDA, 0 keeps LibTorch's default.
-    const int64_t threads = cfg_.train.threads > 0 ? cfg_.train.threads : (device_.is_cpu() ? 1 : 0);
-    if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+    set_intra_op_threads(cfg_.train.threads, device_);
     const auto seed = static_cast<uint64_t>(cfg_.run.seed);
     rng_.seed_shared(seed);  // identical init on every rank
     model_ = lm::build_model(cfg_.model, vocab_);

@@ -37,6 +37,11 @@ torch::Device pick_device(const std::string& want, int local_rank) {
   return torch::Device(torch::kCPU);
 }
 
+void set_intra_op_threads(int64_t requested, const torch::Device& device) {
+  const int64_t threads = requested > 0 ? requested : (device.is_cpu() ? 1 : 0);
+  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+}
+
 torch::Device use_device(const torch::Device& device) {
   if (!device.is_cuda()) return device;
   const int count = static_cast<int>(torch::cuda::device_count());

@@ -18,6 +18,12 @@ torch::Device use_device(const torch::Device& device);
 // train.device (auto | cpu | cuda) for the rank with this local rank, made current (use_device).
 // Throws ConfigError when cuda is asked for and LibTorch has none.
 torch::Device pick_device(const std::string& want, int local_rank);
+// LibTorch's intra-op threads (train.threads): `requested` when > 0. 0 on CPU means one, with
+// OpenBLAS threading the matmuls itself: measured fastest on 2 cores, since LibTorch and BLAS both
+// threaded spin against each other (~2x slower at the kjv shape, ~20x at the tests' tiny one).
+// Debian's 1.13 starts with one thread, 2.x with one per core, so it is set, not left to the
+// version. 0 on CUDA keeps LibTorch's default.
+void set_intra_op_threads(int64_t requested, const torch::Device& device);
 
 // Host batches to device tensors. On CPU the tensor wraps the loader's buffer (no copy). On CUDA
 // the batch is staged in pinned memory and copied host-to-device with a non_blocking copy on a
