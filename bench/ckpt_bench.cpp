@@ -109,10 +109,9 @@ int main(int argc, char** argv) {
     // The trainer's components under their own keys (as trainer/train.cpp registers them).
     lm::StateRegistry registry;
     using Scope = lm::StateRegistry::Scope;
-    registry.add(lm::state_key::kModel, Scope::kReplicated,
-                 [&] { return lm::ComponentState{{}, lm::module_tensors(*model)}; }, [](const lm::ComponentState*) {});
-    registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return opt.state(); },
-                 [](const lm::ComponentState*) {});
+    lm::ModuleState model_state(*model, "model");
+    registry.add(lm::state_key::kModel, Scope::kReplicated, model_state);
+    registry.add(lm::state_key::kOptimizer, Scope::kReplicated, opt);
     const lm::CheckpointState st = registry.snapshot(1, nlohmann::json::object());
     std::vector<torch::Tensor> all;  // every tensor saved
     for (auto& [key, c] : st.replicated)

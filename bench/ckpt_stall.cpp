@@ -1,6 +1,6 @@
 // ckpt_stall: the real stall of a checkpoint save inside a training loop, not the time of the
 // save() call. A GPT (default GPT-2 124M: parameters + AdamW moments = 1.5 GB of state, + 0.5 GB
-// with --ema) trains on random tokens exactly as trainer/train.cpp steps it (wait_snapshot before
+// with --ema) trains on random tokens exactly as trainer/train.cpp steps it (the optimizer and EMA fenced by the checkpointer before
 // the update, step_done after the step). Rounds alternate the save modes in rotating order; each
 // round runs --clean steps with no save, then a save, then steps until the save is over and one
 // more. The stall of a save = its save() call + the extra time of the steps after it over the
@@ -133,17 +133,19 @@ struct Model {
   std::unique_ptr<lm::AdamW> opt;
   std::unique_ptr<lm::Ema> ema;
   torch::Tensor x, y;
+  std::unique_ptr<lm::ModuleState> model_state;
   lm::StateRegistry registry;
 };
 
 // One training step as the trainer takes it; its seconds.
 double step(Model& m, lm::Checkpointer* ck) {
+  m.opt->set_fence(ck);  // the checkpointer in use fences the updates, as the trainer's does
+  if (m.ema) m.ema->set_fence(ck);
   const auto t0 = Clock::now();
   m.flat->zero_grad();
   m.gpt->loss_sum(m.x, m.y).div(m.x.numel()).backward();
   lm::clip_grad_norm(*m.flat, 1.0);
-  ck->wait_snapshot();
-  m.opt->step(1e-4);
+  m.opt->step(1e-4);  // asks the checkpointer first (set_fence)
   if (m.ema) m.ema->update();
   const double s = ms_since(t0) / 1e3;
   ck->step_done(s);
@@ -161,13 +163,10 @@ void build(Model& m, int layers, int seq, bool ema) {
   if (ema) m.ema = std::make_unique<lm::Ema>(*m.flat, 0.999);
   m.x = torch::randint(50257, {1, seq}, torch::kLong), m.y = torch::randint(50257, {1, seq}, torch::kLong);
   using Scope = lm::StateRegistry::Scope;
-  m.registry.add(lm::state_key::kModel, Scope::kReplicated,
-                 [&] { return lm::ComponentState{{}, lm::module_tensors(*m.gpt)}; }, [](const lm::ComponentState*) {});
-  m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, [&] { return m.opt->state(); },
-                 [](const lm::ComponentState*) {});
-  if (ema)
-    m.registry.add(lm::state_key::kEma, Scope::kReplicated, [&] { return m.ema->state(); },
-                   [](const lm::ComponentState*) {});
+  m.model_state = std::make_unique<lm::ModuleState>(*m.gpt, "model");
+  m.registry.add(lm::state_key::kModel, Scope::kReplicated, *m.model_state);
+  m.registry.add(lm::state_key::kOptimizer, Scope::kReplicated, *m.opt);
+  if (ema) m.registry.add(lm::state_key::kEma, Scope::kReplicated, *m.ema);
 }
 
 // One save and the steps until it is over, then one more.

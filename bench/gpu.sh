@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check, ONE device run of at most 10 minutes (shared/GPU.md). Phases, each under a time
+# The GPU check, ONE device run of at most 10 minutes. Phases, each under a time
 # limit, the headline comparison first (a run cut short by the limit still has it):
 #   build    trainer + prep only against pip LibTorch 2.x + CUDA (launch/gpu-build.sh; every
 #            compile error of the run shown, ninja -k 0)
 #   speed    GPT-2 124M (micro-batch 16 x 1024, bf16) from real shards through the streaming loader,
 #            reading step results at once and one step late
-#   peer     bench/peers/gpt_torch.py (a copy of shared/peers/gpt_torch.py), same shape: eager, then
+#   peer     bench/peers/gpt_torch.py, same shape: eager, then
 #            torch.compile
 #   smoke    4-layer GPT-2 shape, 40 steps: loss finite and falling; a run stopped at 25 and resumed
 #            follows the uninterrupted one (same pinned cosine schedule); step results read one step

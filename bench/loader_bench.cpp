@@ -121,11 +121,11 @@ std::unique_ptr<lm::data::Loader> open_timed(lm::DataConfig& cfg, const std::str
       cfg.sources.push_back(sc);
     }
   } else {
-    cfg.train = data;
+    lm::set_train(cfg, data, cfg.text, cfg.text_field);
   }
   const auto t_start = Clock::now();
-  const auto manifests = lm::data::open_sources(cfg);
-  auto loader = lm::data::open_loader(cfg, manifests, "train", seq, batch, 0, 1, seed, 1);
+  const auto d = lm::data::open_train_data(cfg);
+  auto loader = std::make_unique<lm::data::Loader>(cfg, d.sources, "train", seq, batch, 0, 1, seed);
   *startup_s = seconds_since(t_start);
   return loader;
 }

@@ -3,8 +3,8 @@
 // DIR/sweep.lock).
 //
 // A POSIX record lock (fcntl F_SETLK) on the whole file: the kernel releases it when the holder
-// exits, however it dies, and it is never inherited by fork(), so a forked checkpoint writer or a
-// spawned worker never keeps a directory locked after its owner is gone. The holder's pid is also
+// exits, however it dies, and it is never inherited by fork(), so a spawned worker (launch, sweep)
+// never keeps a directory locked after its owner is gone. The holder's pid is also
 // written into the file, for the message. Not thread-safe; one DirLock per file per process.
 #pragma once
 

@@ -3,6 +3,7 @@
 #include "common/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -259,6 +261,50 @@ std::string signal_name(int sig) {
       {SIGPWR, "SIGPWR"},   {SIGSYS, "SIGSYS"}};
   auto it = names.find(sig);
   return it != names.end() ? it->second : "signal " + std::to_string(sig);
+}
+
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t at = 0; at <= dirs.size();) {
+    size_t end = dirs.find(':', at);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > at ? dirs.substr(at, end - at) : ".";
+    const std::string file = dir + "/" + name;
+    if (::access(file.c_str(), X_OK) == 0) return file;
+    at = end + 1;
+  }
+  return "";
+}
+
+int run_command(const std::vector<std::string>& argv, const std::string& out_file, std::string* out, double timeout_s) {
+  SpawnOptions o;
+  o.argv = argv;
+  o.program = find_on_path(argv.at(0));
+  if (o.program.empty()) return -1;
+  o.in = Redirect::null();
+  o.out = out_file.empty() ? Redirect::pipe() : Redirect::file(out_file, false);
+  o.err = Redirect::to_stdout();
+  Process p = Process::spawn(o);
+  if (out_file.empty()) {  // read until EOF: the child's output is small (a pipe's worth at most is not assumed)
+    const int fd = p.take_stdout();
+    const auto t0 = std::chrono::steady_clock::now();
+    char buf[4096];
+    for (;;) {
+      const double left = timeout_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (left <= 0) break;
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1) <= 0) continue;
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      if (out) out->append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+  }
+  if (auto status = p.wait_for(timeout_s)) return exit_code(*status);
+  p.signal(SIGKILL);
+  p.wait();
+  return -1;
 }
 
 int exit_code(int status) {

@@ -113,6 +113,15 @@ class Process {
   int in_ = -1, out_ = -1, err_ = -1;
 };
 
+// The path of `name` on $PATH (the first executable file), or "" when there is none.
+std::string find_on_path(const std::string& name);
+
+// A short command run to its end: argv[0] looked up on $PATH, stdin /dev/null, stdout and stderr
+// together into `out_file`, or, when it is empty, returned in *out. Waits up to timeout_s, then
+// SIGKILLs it. Returns its exit code (exit_code()); -1 when it is not on $PATH or was killed for
+// the timeout. (nvidia-smi for the run's records.)
+int run_command(const std::vector<std::string>& argv, const std::string& out_file, std::string* out, double timeout_s);
+
 // "SIGTERM" for a signal number; "signal N" for one without a name here.
 std::string signal_name(int sig);
 // The exit code a shell would show for a wait status: the code, or 128+signal when killed.

@@ -2,8 +2,8 @@
 # Run ON the GPU machine (no network): builds the project against the pip LibTorch 2.x with CUDA.
 # Unpacks the Debian packages carried in .deps/ (launch/gpu-deps.sh) into a prefix, points CMake at
 # python's torch, at the prefix and at the nccl.h of the NCCL torch was built with, and builds with
-# ninja into build-gpu/. See shared/GPU.md: Debian's fmt 9 (for spdlog) goes ahead of torch's
-# fmt 12 for the project's own targets.
+# ninja into build-gpu/. Debian's fmt 9 (for spdlog) goes ahead of torch's fmt 12 for the project's
+# own targets (LM_DEPS_INCLUDE).
 # Environment: DEPS (prefix, /opt/deps), BUILD_DIR (build-gpu), TARGETS (ninja targets; all when
 # empty), LM_BUILD_TESTS (ON|OFF, ON), NINJA_JOBS.
 set -euo pipefail

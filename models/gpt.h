@@ -1,6 +1,6 @@
 // The `gpt` architecture: a GPT-2 style decoder, single-device (parallelism is applied from outside).
 //
-// Exactly the reference in shared/peers/gpt_torch.py: learned absolute positions, pre-LayerNorm
+// Exactly the Python peer bench/peers/gpt_torch.py: learned absolute positions, pre-LayerNorm
 // blocks (fused qkv Linear with bias, causal attention, output projection; GELU-tanh MLP of width
 // 4*d), final LayerNorm, LM head tied to the token embedding; optional dropout on embeddings,
 // attention weights and residual branches. Parameter names match the peer ("wte.weight",

@@ -15,6 +15,8 @@
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/stall.h"
 #include "trainer/checkpoint/staging.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/ema.h"
 
 #include <atomic>
 #include <chrono>
@@ -144,6 +146,50 @@ TEST(Checkpoint, AsyncWritesTheSnapshotNotLaterChanges) {
     auto back = ck.load(run / ("checkpoints/step_0000000" + std::to_string(step)));
     EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 2.0f * step)));
     EXPECT_TRUE(torch::equal(back.replicated["optimizer"].tensors[0].second, torch::full({64, 64}, 1.0f * step)));
+  }
+}
+
+// The checkpointer owns its fence: the optimizer and the EMA ask it (WriteFence) before they write
+// the parameters, moments or average an async snapshot may still be copying, so an update right
+// after save(), with nothing else waiting, still leaves the saved state as it was at save().
+TEST(Checkpoint, AsyncSnapshotIsFencedByTheOptimizerAndTheEma) {
+  test::TempDir run;
+  CheckpointConfig cfg;
+  cfg.async = true;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  torch::manual_seed(0);
+  torch::nn::Linear lin(1024, 1024);  // 4 MB of weights: more than one staging chunk
+  FlatParams flat(*lin);
+  AdamW opt(flat, OptimConfig{});
+  Ema ema(flat, 0.5);
+  opt.set_fence(&ck), ema.set_fence(&ck);
+  ModuleState model(*lin, "model");
+  StateRegistry reg;
+  reg.add("model", StateRegistry::Scope::kReplicated, model);
+  reg.add("optimizer", StateRegistry::Scope::kReplicated, opt);
+  reg.add("ema", StateRegistry::Scope::kReplicated, ema);
+  for (int64_t step : {1, 2}) {
+    flat.grads().normal_();
+    const torch::Tensor before = flat.params().clone(), m_before = opt.exp_avg().clone();
+    ck.save(reg.snapshot(step, {{"data_version", "v"}}));
+    opt.step(1e-1);  // no wait_snapshot() here: the optimizer's fence waits
+    ema.update();
+    ASSERT_FALSE(torch::equal(flat.params(), before));
+    ck.wait();
+    auto reports = ck.finished();
+    ASSERT_EQ(reports.size(), 1u);
+    ASSERT_TRUE(reports[0].error.empty()) << reports[0].error;
+    auto back = ck.load(run / ("checkpoints/step_0000000" + std::to_string(step)));
+    for (const auto& [name, t] : back.replicated["model"].tensors) {
+      const auto& e = *std::find_if(flat.entries().begin(), flat.entries().end(), [&](const auto& x) { return x.name == name; });
+      EXPECT_TRUE(torch::equal(t.reshape({-1}), before.narrow(0, e.offset, e.numel))) << name << " at step " << step;
+    }
+    for (const auto& [name, t] : back.replicated["optimizer"].tensors)
+      if (name.rfind("exp_avg/", 0) == 0) {
+        const auto& e = *std::find_if(flat.entries().begin(), flat.entries().end(),
+                                      [&](const auto& x) { return "exp_avg/" + x.name == name; });
+        EXPECT_TRUE(torch::equal(t.reshape({-1}), m_before.narrow(0, e.offset, e.numel))) << name;
+      }
   }
 }
 
@@ -359,26 +405,40 @@ TEST(Checkpoint, PreviousFormatVersionIsRefused) {
   EXPECT_EQ(Checkpointer(cfg, run.path(), 0, 1).load_resume(&st), "");
 }
 
-// The registry composes components by key and refuses a checkpoint that lacks a required one.
+// A component that saves {key: value} and records what it is given back (-1: nothing).
+struct Counter : Stateful {
+  std::string key;
+  int64_t value;
+  std::vector<int64_t>* loaded;
+  Counter(std::string k, int64_t v, std::vector<int64_t>* l) : key(std::move(k)), value(v), loaded(l) {}
+  ComponentState state() const override { return {{{key, value}}, {}}; }
+  void load_state(const ComponentState* s) override { loaded->push_back(s ? s->values.at(key).get<int64_t>() : -1); }
+};
+
+// The registry composes components by key and refuses a checkpoint that lacks a required one; an
+// own-rank component gets nothing from another rank's state.
 TEST(Checkpoint, RegistryComposesComponentsByKey) {
-  int64_t counter = 41;
   std::vector<int64_t> loaded;
+  Counter counter("n", 41, &loaded), mine("r", 3, &loaded), extra("e", 1, &loaded), own("o", 5, &loaded);
   StateRegistry reg;
   using S = StateRegistry::Scope;
-  reg.add("counter", S::kReplicated, [&] { return ComponentState{{{"n", counter}}, {}}; },
-          [&](const ComponentState* s) { loaded.push_back(s->values.at("n").get<int64_t>()); });
-  reg.add("mine", S::kPerRank, [&] { return ComponentState{{{"r", 3}}, {}}; },
-          [&](const ComponentState* s) { loaded.push_back(s->values.at("r").get<int64_t>()); });
-  reg.add("extra", S::kReplicated, [&] { return ComponentState{}; },
-          [&](const ComponentState* s) { loaded.push_back(s ? 1 : -1); }, /*optional=*/true);
-  EXPECT_THROW(reg.add("mine", S::kPerRank, nullptr, nullptr), Error);
+  reg.add("counter", S::kReplicated, counter);
+  reg.add("mine", S::kPerRank, mine);
+  reg.add("extra", S::kReplicated, extra, /*optional=*/true);
+  reg.add("own", S::kOwnRank, own);
+  EXPECT_THROW(reg.add("mine", S::kPerRank, extra), Error);
   auto st = reg.snapshot(9, {{"x", 1}});
   EXPECT_EQ(st.step, 9);
   EXPECT_EQ(st.replicated.count("counter"), 1u);
   EXPECT_EQ(st.per_rank.count("mine"), 1u);
+  EXPECT_EQ(st.per_rank.count("own"), 1u);
   st.replicated.erase("extra");
   reg.restore(st, "ckpt");
-  EXPECT_EQ(loaded, (std::vector<int64_t>{41, 3, -1}));
+  EXPECT_EQ(loaded, (std::vector<int64_t>{41, 3, -1, 5}));
+  loaded.clear();
+  st.saved_rank = 0, st.loaded_rank = 1;  // rank 1 reads rank 0's file: the world grew
+  reg.restore(st, "ckpt");
+  EXPECT_EQ(loaded, (std::vector<int64_t>{41, 3, -1, -1}));
   st.replicated.erase("counter");
   try {
     reg.restore(st, "ckpt");

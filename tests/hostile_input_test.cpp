@@ -95,7 +95,7 @@ DataConfig data_config(const std::string& verify) {
 // Reads one epoch of the train split and the whole val split (what a trainer would use).
 void read_everything(const std::string& dir, const std::string& verify) {
   const auto m = data::Manifest::load(dir);
-  data::Loader loader(data_config(verify), m, "train", 16, 4, 0, 1, 7);
+  data::Loader loader(test::train_form(data_config(verify), m.dir), {m}, "train", 16, 4, 0, 1, 7);
   for (int64_t i = 0; i < loader.samples_per_epoch() / 4 + 1; ++i) loader.next();
   data::ValReader val(m, "val", 16, verify == "full");
   std::vector<int64_t> buf;

@@ -123,7 +123,7 @@ TEST(LoaderPackedTest, WindowsAreExactAcrossShardsRanksAndEpochs) {
       DataConfig c = config("packed");
       c.shuffle = false;
       std::vector<std::unique_ptr<Loader>> ranks;
-      for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(c, m, "train", T, 2, r, W, 1));
+      for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(test::train_form(c, m.dir), std::vector<Manifest>{m}, "train", T, 2, r, W, 1));
       const uint64_t N = (one.size() - 1) / T;
       ASSERT_EQ(ranks[0]->samples_per_epoch(), static_cast<int64_t>(N));
       for (uint64_t k = 0; k < 3 * N / (2 * W) + 2; ++k) {  // about three epochs, boundaries inside batches
@@ -165,7 +165,7 @@ TEST(LoaderPackedTest, EveryTokenIsATargetOncePerEpochAcrossRanks) {
   for (auto& s : streams) L += s.size();
   for (int W : {1, 2, 3}) {
     std::vector<std::unique_ptr<Loader>> ranks;
-    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(config("packed", 2), m, "train", T, 2, r, W, 9));
+    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(test::train_form(config("packed", 2), m.dir), std::vector<Manifest>{m}, "train", T, 2, r, W, 9));
     const uint64_t N = ranks[0]->samples_per_epoch(), G = 2 * W;
     ASSERT_EQ(N, (L - 1) / T);
     std::multiset<int64_t> targets;
@@ -224,7 +224,7 @@ TEST(LoaderTest, SameSeedSameBatchesWhateverWorkersAndPrefetch) {
     auto run = [&](int64_t workers, int64_t prefetch, uint64_t seed) {
       DataConfig c = s.cfg;
       c.workers = workers, c.prefetch = prefetch;
-      Loader l(c, m, "train", s.T, std::max<int64_t>(s.B, 1), 0, 1, seed);
+      Loader l(test::train_form(c, m.dir), {m}, "train", s.T, std::max<int64_t>(s.B, 1), 0, 1, seed);
       return take(l, 40);
     };
     const auto ref = run(1, 1, 7);
@@ -248,14 +248,14 @@ TEST(LoaderTest, ExactResumeAtEveryBatchBoundary) {
       DataConfig c = s.cfg;
       c.workers = workers;
       const int64_t B = std::max<int64_t>(s.B, 1);
-      Loader full(c, m, "train", s.T, B, 0, 1, 3);
+      Loader full(test::train_form(c, m.dir), {m}, "train", s.T, B, 0, 1, 3);
       const size_t K = 4 * full.samples_per_epoch() / B + 3;  // several epochs
       std::vector<Batch> ref;
       std::vector<std::string> states{full.state().to_json()};
       for (size_t k = 0; k < K; ++k) ref.push_back(full.next()), states.push_back(full.state().to_json());
       EXPECT_GE(ref.back().epoch, 2) << s.cfg.mode;
       for (size_t k = 0; k < K; ++k) {
-        Loader resumed(c, m, "train", s.T, B, 0, 1, 3);
+        Loader resumed(test::train_form(c, m.dir), {m}, "train", s.T, B, 0, 1, 3);
         resumed.load_state(LoaderState::from_json(states[k]));
         for (size_t i = k; i < std::min(K, k + 8); ++i)
           expect_same(resumed.next(), ref[i], s.cfg.mode + " resumed after batch " + std::to_string(k));
@@ -272,7 +272,7 @@ std::vector<std::pair<int64_t, SampleOrigin>> run_ranks(const DataConfig& c, con
                                                        std::string* state_out) {
   std::vector<std::unique_ptr<Loader>> ranks;
   for (int r = 0; r < W; ++r) {
-    ranks.push_back(std::make_unique<Loader>(c, m, "train", T, B, r, W, 5));
+    ranks.push_back(std::make_unique<Loader>(test::train_form(c, m.dir), std::vector<Manifest>{m}, "train", T, B, r, W, 5));
     if (!from.empty()) ranks.back()->load_state(LoaderState::from_json(from));
   }
   std::vector<std::pair<int64_t, SampleOrigin>> out;
@@ -345,7 +345,7 @@ TEST(LoaderTest, UnevenShardsStayBalancedAcrossRanks) {
     DataConfig c = s.cfg;
     c.shuffle_buffer = 16;
     if (c.token_budget) c.token_budget = 64;
-    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(c, m, "train", T, B, r, W, 2));
+    for (int r = 0; r < W; ++r) ranks.push_back(std::make_unique<Loader>(test::train_form(c, m.dir), std::vector<Manifest>{m}, "train", T, B, r, W, 2));
     for (int k = 0; k < 60; ++k) {
       std::vector<Batch> b;
       for (auto& l : ranks) b.push_back(l->next());
@@ -376,7 +376,7 @@ TEST(LoaderBucketedTest, RowsArePaddedAtTheirEndsWithinBudgetAndMultiple) {
       c.token_budget = budget;
       c.long_docs = long_docs;
       c.shuffle_buffer = 13;
-      Loader l(c, m, "train", T, 4, 0, 1, 4);
+      Loader l(test::train_form(c, m.dir), {m}, "train", T, 4, 0, 1, 4);
       int64_t samples = 0;
       for (auto& docs : shards)
         for (auto& d : docs) samples += d.empty() ? 0 : long_docs == "split" ? (d.size() + T - 1) / T : 1;
@@ -436,10 +436,10 @@ TEST(LoaderBucketedTest, PadsLessThanRandomBatching) {
       pad += b.pad_tokens, real += b.target_tokens;
     }
   };
-  Loader l(c, m, "train", T, B, 0, 1, 6);
+  Loader l(test::train_form(c, m.dir), {m}, "train", T, B, 0, 1, 6);
   run(l, 5);
   // A micro batch change (8 -> 6) moves the batch grid; batches stay bucketed on the new one.
-  Loader l2(c, m, "train", T, 6, 0, 1, 6);
+  Loader l2(test::train_form(c, m.dir), {m}, "train", T, 6, 0, 1, 6);
   l2.load_state(l.state());
   run(l2, 60);
   // Random batches of the same documents.
@@ -471,7 +471,7 @@ TEST(LoaderErrorTest, BadShardsAreDataErrorsNamingTheFile) {
   auto construct = [&](const Manifest& m, const std::string& verify) {
     DataConfig c = config("packed");
     c.verify = verify;
-    Loader l(c, m, "train", 4, 2, 0, 1, 1);
+    Loader l(test::train_form(c, m.dir), {m}, "train", 4, 2, 0, 1, 1);
   };
   Manifest m = fresh();
   const std::string p1 = tmp / m.shards[1].file;
@@ -494,7 +494,7 @@ TEST(LoaderErrorTest, BadShardsAreDataErrorsNamingTheFile) {
   // failure is sticky, in order, and never hangs.
   DataConfig c = config("packed", 3, 4);
   c.shuffle = false;
-  Loader l(c, m, "train", 4, 1, 0, 1, 1);
+  Loader l(test::train_form(c, m.dir), {m}, "train", 4, 1, 0, 1, 1);
   int good = 0;
   for (;;) {
     try {
@@ -514,9 +514,9 @@ TEST(LoaderErrorTest, BadShardsAreDataErrorsNamingTheFile) {
   EXPECT_NE(e.find(tmp / m.shards[2].file), std::string::npos) << e;
 
   m = fresh();
-  e = data_error([&] { Loader(config("packed"), m, "test", 4, 1, 0, 1, 1); });
+  e = data_error([&] { Loader(test::train_form(config("packed"), m.dir), {m}, "test", 4, 1, 0, 1, 1); });
   EXPECT_NE(e.find("split 'test' has no shards"), std::string::npos) << e;
-  e = data_error([&] { Loader(config("packed"), m, "train", 1000, 1, 0, 1, 1); });
+  e = data_error([&] { Loader(test::train_form(config("packed"), m.dir), {m}, "train", 1000, 1, 0, 1, 1); });
   EXPECT_NE(e.find(tmp.path() + ": split 'train' is too short"), std::string::npos) << e;
 }
 
@@ -528,7 +528,7 @@ TEST(LoaderErrorTest, BadOptionsAreConfigErrorsNamingTheKey) {
     DataConfig c = config("bucketed");
     edit(c);
     try {
-      Loader l(c, m, "train", 4, 1, 0, 1, 1);
+      Loader l(test::train_form(c, m.dir), {m}, "train", 4, 1, 0, 1, 1);
     } catch (const ConfigError& e) {
       std::string what = e.what();
       EXPECT_THROW(validate(c, 4), ConfigError) << what;
@@ -560,7 +560,7 @@ TEST(LoaderErrorTest, ShardThatDoesNotMatchItsEntryIsDataError) {
   const std::vector<uint32_t> doc = {1, 2, 3};
   w.add_document(doc.data(), doc.size());
   w.finish();
-  std::string e = data_error([&] { Loader(config("packed"), m, "train", 4, 1, 0, 1, 1); });
+  std::string e = data_error([&] { Loader(test::train_form(config("packed"), m.dir), {m}, "train", 4, 1, 0, 1, 1); });
   EXPECT_EQ(e, p1 + ": does not match its entry in manifest.json (docs, tokens or dtype)");
   EXPECT_EQ(data_error([&] { m.open_shard(m.shards[1]); }), e);
 }
@@ -568,13 +568,13 @@ TEST(LoaderErrorTest, ShardThatDoesNotMatchItsEntryIsDataError) {
 TEST(LoaderErrorTest, StateFromAnotherOrderIsRefusedNamingTheField) {
   TempDir tmp;
   Manifest m = make_dataset(tmp.path(), random_shards({5, 5}, 5, 10, 31));
-  Loader a(config("packed"), m, "train", 4, 2, 0, 1, 1);
+  Loader a(test::train_form(config("packed"), m.dir), {m}, "train", 4, 2, 0, 1, 1);
   a.next();
   const LoaderState s = LoaderState::from_json(a.state().to_json());
   EXPECT_EQ(s.cursor, 2u);
   EXPECT_EQ(s.batches, 1u);
   auto refused = [&](DataConfig c, int64_t T, uint64_t seed, const std::string& field) {
-    Loader b(c, m, "train", T, 2, 0, 1, seed);
+    Loader b(test::train_form(c, m.dir), {m}, "train", T, 2, 0, 1, seed);
     std::string e = data_error([&] { b.load_state(s); });
     EXPECT_NE(e.find("field '" + field + "'"), std::string::npos) << e;
   };
@@ -586,11 +586,11 @@ TEST(LoaderErrorTest, StateFromAnotherOrderIsRefusedNamingTheField) {
   refused(noshuf, 4, 1, "shuffle");
   TempDir other;
   Manifest m2 = make_dataset(other.path(), random_shards({5, 5}, 5, 10, 32));
-  Loader c(config("packed"), m2, "train", 4, 2, 0, 1, 1);
+  Loader c(test::train_form(config("packed"), m2.dir), {m2}, "train", 4, 2, 0, 1, 1);
   EXPECT_NE(data_error([&] { c.load_state(s); }).find("field 'data_version'"), std::string::npos);
   EXPECT_NE(data_error([] { LoaderState::from_json("{\"version\": 1}"); }).find("loader state: malformed"), std::string::npos);
   // A different micro batch is fine in packed mode: the cursor counts samples.
-  Loader d(config("packed"), m, "train", 4, 3, 0, 1, 1);
+  Loader d(test::train_form(config("packed"), m.dir), {m}, "train", 4, 3, 0, 1, 1);
   d.load_state(s);
   EXPECT_EQ(d.next().origins.front(), a.next().origins.front());
 }
@@ -600,7 +600,7 @@ TEST(LoaderTest, DestructionWhileWorkersWaitIsPrompt) {
   Manifest m = make_dataset(tmp.path(), random_shards({50}, 50, 100, 37));
   const auto t0 = std::chrono::steady_clock::now();
   {
-    Loader l(config("packed", 4, 1), m, "train", 8, 2, 0, 1, 1);
+    Loader l(test::train_form(config("packed", 4, 1), m.dir), {m}, "train", 8, 2, 0, 1, 1);
     l.next();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the queue is full: workers wait
   }

@@ -277,14 +277,14 @@ TEST(MixTest, RefusedInputsAndChanges) {
   make_source(mix.tmp.path(), "other", {3}, 4, "sentencepiece-x");
   DataConfig c = mix.cfg;
   c.sources.push_back(source("other", mix.tmp / "other", 1));
-  std::string e = data_error([&] { open_sources(c); });
+  std::string e = data_error([&] { open_train_data(c); });
   EXPECT_NE(e.find("source 'web'"), std::string::npos) << e;
   EXPECT_NE(e.find("source 'other'"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
   // A missing source names its directory.
   c = mix.cfg;
   c.sources[1].path = mix.tmp / "nowhere";
-  e = data_error([&] { open_sources(c); });
+  e = data_error([&] { open_train_data(c); });
   EXPECT_NE(e.find(mix.tmp / "nowhere"), std::string::npos) << e;
   // Unknown source in a stage; non-positive weights; both data.train and data.sources.
   auto config_error = [](const DataConfig& d) {

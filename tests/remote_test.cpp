@@ -39,7 +39,7 @@ DataConfig loader_config(const std::string& cache, int64_t limit_mb) {
 
 // The first n batch hashes of a loader over `m` (seq_len 64, micro-batch 8, seed 7).
 std::vector<uint64_t> hashes(const DataConfig& c, const data::Manifest& m, int n) {
-  data::Loader loader(c, m, "train", 64, 8, 0, 1, 7);
+  data::Loader loader(test::train_form(c, m.dir), {m}, "train", 64, 8, 0, 1, 7);
   std::vector<uint64_t> out;
   for (int i = 0; i < n; ++i) out.push_back(loader.next().hash);
   return out;
@@ -64,7 +64,7 @@ TEST_F(RemoteTest, LoaderOverHttpEqualsLocalWithEviction) {
   const data::Manifest local = data::Manifest::load(data);
   const data::Manifest remote = data::open_dataset(url, "data.train", data::remote_options(c));
   EXPECT_EQ(remote.data_version, local.data_version);
-  data::Loader probe(c, local, "train", 64, 8, 0, 1, 7);
+  data::Loader probe(test::train_form(c, local.dir), {local}, "train", 64, 8, 0, 1, 7);
   const int n = static_cast<int>(probe.samples_per_epoch() / 8 * 5 / 4);  // 1.25 epochs
   EXPECT_EQ(hashes(c, remote, n), hashes(c, local, n));
   {  // the validation reader too: the same windows, through the same cache
@@ -142,7 +142,7 @@ TEST_F(RemoteTest, LoaderThroughFaultsResumesWithRange) {
   const data::Manifest local = data::Manifest::load(data);
   const data::Manifest remote =
       data::open_dataset("http://127.0.0.1:" + std::to_string(proxy->port) + "/data", "data.train", data::remote_options(c));
-  data::Loader probe(c, local, "train", 64, 8, 0, 1, 7);
+  data::Loader probe(test::train_form(c, local.dir), {local}, "train", 64, 8, 0, 1, 7);
   const int n = static_cast<int>(probe.samples_per_epoch() / 8);  // an epoch: every shard
   EXPECT_EQ(hashes(c, remote, n), hashes(c, local, n));
   const std::string stats = test::read_text(tmp_ / "proxy_stats.json");

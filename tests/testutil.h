@@ -10,9 +10,16 @@
 
 #include "common/errors.h"
 #include "common/process.h"
+#include "data/loader/data_config.h"
 #include "models/model_config.h"
 
 namespace lm::test {
+
+// c with data.train = dir: the one-source form the config loader makes of data.train.
+inline DataConfig train_form(DataConfig c, const std::string& dir) {
+  set_train(c, dir);
+  return c;
+}
 
 // A 2-layer, d 32, T 16 GPT shape: the model tests' default.
 inline ModelConfig tiny_model() {

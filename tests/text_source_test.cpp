@@ -161,20 +161,20 @@ TEST(TextSource, LoaderBatchesEqualPrepAndResumeExactly) {
   const Manifest shards = prep({tmp / "a.txt", "--val-fraction", "0.1", "--split-seed", "7", "--out", tmp / "p"});
   const Manifest raw = open_text_dataset(tmp / "a.txt", "data.train", text_options("line", tmp.path()));
   {
-    Loader want(loader_config(false), shards, "train", 32, 4, 0, 1, 5), got(loader_config(false), raw, "train", 32, 4, 0, 1, 5);
+    Loader want(test::train_form(loader_config(false), shards.dir), {shards}, "train", 32, 4, 0, 1, 5), got(test::train_form(loader_config(false), raw.dir), {raw}, "train", 32, 4, 0, 1, 5);
     for (int i = 0; i < 300; ++i) ASSERT_EQ(got.next().inputs, want.next().inputs) << "batch " << i;
   }
   std::vector<uint64_t> straight;
   LoaderState mid;
   {
-    Loader l(loader_config(true), raw, "train", 32, 4, 0, 1, 9);
+    Loader l(test::train_form(loader_config(true), raw.dir), {raw}, "train", 32, 4, 0, 1, 9);
     for (int i = 0; i < 400; ++i) {
       if (i == 170) mid = l.state();
       straight.push_back(l.next().hash);
     }
   }
   const Manifest again = open_text_dataset(tmp / "a.txt", "data.train", text_options("line", tmp.path()));
-  Loader l(loader_config(true), again, "train", 32, 4, 0, 1, 9);
+  Loader l(test::train_form(loader_config(true), again.dir), {again}, "train", 32, 4, 0, 1, 9);
   l.load_state(LoaderState::from_json(mid.to_json()));
   for (int i = 170; i < 400; ++i) ASSERT_EQ(l.next().hash, straight[i]) << "batch " << i;
 }

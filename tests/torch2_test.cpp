@@ -93,7 +93,8 @@ TEST(Torch2Cpu, FusedAdamWGatedOnTheDeviceMatchesTheFlatStep) {
   // The counter survives a checkpoint: state out, into a fresh optimizer, one more step each.
   OptimPair resumed("on");
   resumed.flat->params().copy_(fused.flat->params());
-  resumed.opt->load_state(fused.opt->state());
+  const ComponentState saved = fused.opt->state();
+  resumed.opt->load_state(&saved);
   EXPECT_EQ(resumed.opt->steps(), 4);
   for (auto* t : {&fused, &resumed}) t->flat->grads().fill_(0.5), t->opt->step(1e-2);
   expect_near_t2(resumed.flat->params(), fused.flat->params(), "after resume");

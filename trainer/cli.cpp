@@ -43,7 +43,7 @@ int trainer_cli(int argc, char** argv) {
     overrides.push_back(args[i]);
   }
   auto cfg = load_config(args[0], overrides);
-  if (cfg.data.train.empty() && cfg.data.sources.empty())  // e.g. an empty file, or one of comments only
+  if (cfg.data.sources.empty())  // e.g. an empty file, or one of comments only
     throw ConfigError(args[0] + ": key 'data.train' is not set: the trainer needs a prep output directory "
                       "(data.train in the file, data.train=DIR on the command line, or data.sources)");
   std::string command;

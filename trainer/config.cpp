@@ -93,9 +93,11 @@ class Schema {
     add(key, doc, [=](const YAML::Node& n) { *p = parse_bool(n); },
         [=] { return std::string(*p ? "true" : "false"); }, 'b');
   }
-  void text(const std::string& key, std::string* p, const std::string& doc) {
+  // shown: the value printed (default: *p).
+  void text(const std::string& key, std::string* p, const std::string& doc,
+            std::function<std::string()> shown = nullptr) {
     add(key, doc, [=](const YAML::Node& n) { *p = n.IsNull() ? "" : scalar_of(n); },
-        [=] { return quote(*p); });
+        [=] { return quote(shown ? shown() : *p); });
   }
   void choice(const std::string& key, std::string* p, const std::string& doc,
               std::vector<std::string> allowed) {
@@ -158,15 +160,23 @@ void describe(Schema& s, ExperimentConfig& c) {
 
   // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
   const int64_t any = std::numeric_limits<int64_t>::min();
-  s.text("data.train", &c.data.train, "prepared dataset directory (from prep), or its http(s):// or s3:// URL");
-  s.structured("data.sources", "a mixture: [{name, path (directory, URL or raw text), weight (tokens), max_epochs, text, text_field}] instead of data.train",
-               [p = &c.data.sources](const YAML::Node& n) { parse_sources(n, p); },
-               [p = &c.data.sources] { return print_sources(*p); });
+  // data.train, data.text and data.text_field become the one source "train" (resolve_train_form)
+  // and are printed back from it.
+  DataConfig* d = &c.data;
+  auto train_key = [d](std::string SourceConfig::*m, const std::string* raw) {
+    return [=] { return d->train_form ? d->sources.at(0).*m : *raw; };
+  };
+  s.text("data.train", &d->train, "prepared dataset directory (from prep), its http(s):// or s3:// URL, or raw text",
+         train_key(&SourceConfig::path, &d->train));
+  s.structured("data.sources", sources_doc(), [d](const YAML::Node& n) { parse_sources(n, &d->sources); },
+               [d] { return print_sources(d->train_form ? std::vector<SourceConfig>{} : d->sources); });
   s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]",
                [p = &c.data.stages](const YAML::Node& n) { parse_stages(n, p); },
                [p = &c.data.stages] { return print_stages(*p); });
-  s.text("data.text", &c.data.text, "raw text in data.train, one document per: line | paragraph | jsonl; empty = prepared");
-  s.text("data.text_field", &c.data.text_field, "raw text: the JSONL field holding the text");
+  s.text("data.text", &d->text, "raw text in data.train, one document per: line | paragraph | jsonl; empty = prepared",
+         train_key(&SourceConfig::text, &d->text));
+  s.text("data.text_field", &d->text_field, "raw text: the JSONL field holding the text",
+         train_key(&SourceConfig::text_field, &d->text_field));
   s.text("data.tokenizer", &c.data.tokenizer, "raw text: bytes | a sentencepiece .model file");
   s.number("data.val_fraction", &c.data.val_fraction, "raw text: share of documents in the val split", 0, false, 1, false);
   s.integer("data.split_seed", &c.data.split_seed, "raw text: seed of the document hash deciding the split", 0);
@@ -433,6 +443,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   }
   check_arch_keys(s, cfg, origins);
   validate(cfg, origins);
+  resolve_train_form(cfg.data);
   return cfg;
 }
 

@@ -109,17 +109,19 @@ std::string quote(const std::string& s) {
 void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out) {
   out->clear();
   const YAML::Node& list = list_of(n);
+  std::vector<std::string> keys;
+  for (const auto& f : source_fields()) keys.push_back(f.key);
   for (size_t i = 0; i < list.size(); ++i) {
     SourceConfig s;
-    each_key(i, list[i], {"name", "path", "weight", "max_epochs", "text", "text_field"}, [&](const std::string& k, const YAML::Node& v) {
-      if (k == "name") s.name = scalar_of(v);
-      if (k == "text") s.text = scalar_of(v);
-      if (k == "text_field") s.text_field = scalar_of(v);
-      if (k == "path") s.path = scalar_of(v);
-      if (k == "weight") s.weight = parse_double(v);
-      if (k == "max_epochs") s.max_epochs = parse_int(v);
+    each_key(i, list[i], keys, [&](const std::string& k, const YAML::Node& v) {
+      const SourceField& f = *std::find_if(source_fields().begin(), source_fields().end(),
+                                           [&](const SourceField& x) { return k == x.key; });
+      if (f.text) s.*f.text = scalar_of(v);
+      if (f.number) s.*f.number = parse_double(v);
+      if (f.integer) s.*f.integer = parse_int(v);
     });
-    if (s.name.empty() || s.path.empty()) bad(entry_where(i, list[i]) + ": needs a name and a path");
+    for (const auto& f : source_fields())
+      if (f.required && f.text && (s.*f.text).empty()) bad(entry_where(i, list[i]) + ": needs a name and a path");
     out->push_back(s);
   }
 }
@@ -142,11 +144,26 @@ void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out) {
 
 std::string print_sources(const std::vector<SourceConfig>& v) {
   std::string out;
-  for (const auto& s : v)
-    out += (out.empty() ? "" : ", ") + std::string("{name: ") + quote(s.name) + ", path: " + quote(s.path) +
-           ", weight: " + fmt_double(s.weight) + ", max_epochs: " + std::to_string(s.max_epochs) +
-           (s.text.empty() ? "" : ", text: " + quote(s.text) + ", text_field: " + quote(s.text_field)) + "}";
+  for (const auto& s : v) {
+    std::string one;
+    for (const auto& f : source_fields()) {
+      if (f.raw_only && s.text.empty()) continue;
+      const std::string value = f.text ? quote(s.*f.text) : f.number ? fmt_double(s.*f.number) : std::to_string(s.*f.integer);
+      one += (one.empty() ? "" : ", ") + std::string(f.key) + ": " + value;
+    }
+    out += (out.empty() ? "{" : ", {") + one + "}";
+  }
   return "[" + out + "]";
+}
+
+// "[{name, path, ...}]: name: ...; path: ...": data.sources' documentation, from the same table.
+std::string sources_doc() {
+  std::string keys, docs;
+  for (const auto& f : source_fields()) {
+    keys += (keys.empty() ? "" : ", ") + std::string(f.key);
+    docs += std::string("; ") + f.key + ": " + f.doc;
+  }
+  return "a mixture instead of data.train: [{" + keys + "}]" + docs;
 }
 
 std::string print_stages(const std::vector<StageConfig>& v) {

@@ -26,5 +26,6 @@ void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out);
 void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out);
 std::string print_sources(const std::vector<SourceConfig>& v);
 std::string print_stages(const std::vector<StageConfig>& v);
+std::string sources_doc();  // data.sources' documentation (source_fields(), data_config.h)
 
 }  // namespace lm::config_values

@@ -4,6 +4,9 @@
 // RUN_DIR/
 //   config.yaml                  resolved config (loads back to the same config)
 //   meta.json                    how to reproduce the run and how it ended (telemetry/run_record.h)
+//   tokenizer/                   the data's tokenizer as a dataset without shards (manifest.json and
+//                                the sentencepiece model; data::TrainData::save_tokenizer): export
+//                                and generate read it, so they work wherever the data went
 //   metrics.jsonl                one JSON record per line (telemetry/records.h)
 //   summary.json                 the run's totals, written at the end
 //   model.safetensors            final weights
@@ -40,6 +43,7 @@ inline int64_t parse_step_name(const std::string& name) {
 
 inline std::string config(const std::string& run) { return run + "/config.yaml"; }
 inline std::string meta(const std::string& run) { return run + "/meta.json"; }
+inline std::string tokenizer(const std::string& run) { return run + "/tokenizer"; }
 inline std::string metrics(const std::string& run) { return run + "/metrics.jsonl"; }
 inline std::string summary(const std::string& run) { return run + "/summary.json"; }
 inline std::string weights(const std::string& run) { return run + "/model.safetensors"; }

@@ -8,16 +8,10 @@
 #include <string>
 
 #include "trainer/config.h"
+#include "trainer/telemetry/run_telemetry.h"  // TrainSummary
 
 namespace lm {
 
-struct TrainSummary {
-  int64_t steps = 0;
-  double first_loss = 0, last_loss = 0;  // mean loss of the first / last logging window
-  double val_loss = -1;                  // last validation loss; -1 when none ran
-  double tokens_per_s = 0;               // over all steps after the first
-  double wall_s = 0;
-};
 
 // Runs `cfg` (validated by load_config). `command` is recorded in the run directory.
 TrainSummary train(const ExperimentConfig& cfg, const std::string& command);

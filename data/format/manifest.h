@@ -51,6 +51,9 @@ class ShardSource {
   virtual void reserve(size_t shards, const std::string& why) = 0;
   // The source's location, for records ("https://...", "s3://bucket/prefix").
   virtual std::string location() const = 0;
+  // The bytes of one of the dataset's own files named in the manifest (the tokenizer's model file),
+  // unchecked; throws DataError (or RemoteError) naming it.
+  virtual std::string read_file(const std::string& name) = 0;
 };
 
 struct Manifest {

@@ -14,15 +14,42 @@
 
 namespace lm {
 
-// One source of a data mixture (data.sources): a prepared dataset and its share of the tokens.
+// One source of the training data (data.sources, or data.train's one dataset): a prepared dataset
+// or raw text, and its share of the tokens. kSourceFields below is THE list of its keys.
 struct SourceConfig {
   std::string name;        // unique; [A-Za-z0-9_.-]+
-  std::string path;        // a `prep` output directory
+  std::string path;        // a `prep` output directory, its URL, or raw text
   double weight = 1;       // > 0; relative share of the TOKENS (normalised over the sources)
   int64_t max_epochs = 0;  // > 0: the source drops out after this many epochs; 0 = no cap
   std::string text;        // raw text (data/text/): one document per line | paragraph | jsonl record; "" = prepared
   std::string text_field = "text";  // jsonl: the field holding the text
 };
+
+// THE table of a source's keys: the config loader parses (trainer/config_values.cpp), prints and
+// documents data.sources entries from it. Exactly one member pointer is set per field.
+struct SourceField {
+  const char* key;
+  const char* doc;
+  std::string SourceConfig::*text = nullptr;
+  double SourceConfig::*number = nullptr;
+  int64_t SourceConfig::*integer = nullptr;
+  bool required = false;   // an entry without it is refused
+  bool raw_only = false;   // printed only for a raw text source (text set)
+};
+inline const std::vector<SourceField>& source_fields() {
+  static const std::vector<SourceField> f = {
+      {"name", "unique name, [A-Za-z0-9_.-]+", &SourceConfig::name, nullptr, nullptr, true},
+      {"path", "prep output directory, its http(s):// or s3:// URL, or raw text files", &SourceConfig::path, nullptr,
+       nullptr, true},
+      {"weight", "share of the tokens (normalised over the sources)", nullptr, &SourceConfig::weight},
+      {"max_epochs", "epochs after which the source drops out; 0 = no cap", nullptr, nullptr, &SourceConfig::max_epochs},
+      {"text", "raw text: one document per line | paragraph | jsonl; empty = prepared", &SourceConfig::text, nullptr,
+       nullptr, false, true},
+      {"text_field", "raw text, jsonl: the field holding the text", &SourceConfig::text_field, nullptr, nullptr, false,
+       true},
+  };
+  return f;
+}
 
 // One stage of the mixture (data.stages): its weights apply from the previous stage's end until
 // `until_step` optimizer steps (or `until_tokens` target tokens) are done; the last stage may leave
@@ -34,15 +61,23 @@ struct StageConfig {
 };
 
 struct DataConfig {
-  std::string train;  // directory written by `prep` (its manifest.json), or its http(s):// or s3:// URL; this or `sources`
-  std::vector<SourceConfig> sources;  // a mixture; empty = the one source `train`
+  // THE training data: the sources, in order. The config loader turns data.train into the one source
+  // named "train" (resolve_train_form); below the config there is no other form.
+  std::vector<SourceConfig> sources;
   std::vector<StageConfig> stages;    // mixture stages; empty = the sources' weights throughout
-  std::string val;    // directory (or URL) for validation; empty = the `val` split of `train`
+  // The sources are data.train's one dataset: planned as one stream exactly as before mixtures
+  // existed (loader.h: seeded by run.seed alone, bucketed across batches, no mixture state), and
+  // printed back as data.train. Set only by resolve_train_form().
+  bool train_form = false;
+  std::string val;    // directory (or URL) for validation; empty = the `val` split of the first source
 
-  // Raw text sources (data/text/text_source.h): `train` (or a source's path) is text files that the
-  // loader tokenizes, with prep's documents, tokens and split.
-  std::string text;                  // one document per: line | paragraph | jsonl record; "" = `train` is prepared
+  // data.train's keys as written (the config loader's input; empty after resolve_train_form()).
+  std::string train;                 // directory written by `prep`, its http(s):// or s3:// URL, or raw text
+  std::string text;                  // raw text in `train`: one document per line | paragraph | jsonl record
   std::string text_field = "text";   // jsonl: the field holding the text
+
+  // Raw text sources (data/text/text_source.h): a source's path is text files that the loader
+  // tokenizes, with prep's documents, tokens and split.
   std::string tokenizer = "bytes";   // raw text: bytes | a sentencepiece .model (e.g. a prep output's tokenizer.model)
   double val_fraction = 0.01;        // raw text: share of documents in the val split (as prep --val-fraction)
   int64_t split_seed = 0;            // raw text: seed of the split hash (as prep --split-seed), >= 0
@@ -74,12 +109,34 @@ inline const std::vector<std::string> verify = {"lazy", "full"};
 inline const std::vector<std::string> text = {"", "line", "paragraph", "jsonl"};
 }  // namespace data_choices
 
+// data.train (and data.text, data.text_field) as the one-source mixture "train", train_form set;
+// a config of data.sources is left as it is. Idempotent. The config loader calls it after
+// validate(); tests and tools that build a DataConfig for one dataset call set_train().
+inline void resolve_train_form(DataConfig& c) {
+  if (c.train.empty()) return;
+  SourceConfig s;
+  s.name = "train", s.path = c.train, s.text = c.text, s.text_field = c.text_field;
+  c.sources = {s};
+  c.train_form = true;
+  c.train.clear(), c.text.clear(), c.text_field = "text";
+}
+// One dataset at `path` (prepared, or raw text when `text` is set) as data.train gives it.
+inline DataConfig& set_train(DataConfig& c, const std::string& path, const std::string& text = "",
+                             const std::string& text_field = "text") {
+  c.sources.clear(), c.stages.clear();
+  c.train = path, c.text = text, c.text_field = text_field;
+  resolve_train_form(c);
+  return c;
+}
+
 // The data.sources and data.stages rules (part of validate() below).
 inline void validate_mixture(const DataConfig& c) {
   auto fail = [](const char* key, const std::string& why) {
     throw ConfigError(std::string("key 'data.") + key + "': " + why);
   };
   if (!c.train.empty() && !c.sources.empty()) fail("sources", "set either data.train or data.sources, not both");
+  if (c.train_form && (c.sources.size() != 1 || !c.stages.empty()))
+    fail("train", "the data.train form is one source without stages");
   std::set<std::string> names;
   for (const auto& s : c.sources) {
     const std::string who = "source '" + s.name + "'";

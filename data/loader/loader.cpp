@@ -5,15 +5,19 @@
 // order for resuming. Also the sources' opening and the mixture's version id.
 #include "data/loader/loader.h"
 
+#include <algorithm>
+
 #include "data/loader/mix.h"
 #include "data/loader/plan.h"
 #include "data/loader/shards.h"
 #include "data/loader/state.h"
 #include "data/loader/workers.h"
+#include "data/format/shard.h"
 #include "data/remote/store.h"
 #include "data/text/text_source.h"
 #include "common/checksum.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/log.h"
 
 namespace lm::data {
@@ -60,37 +64,32 @@ struct Loader::Impl {
   }
 };
 
-Loader::Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
-               int64_t micro_batch, int rank, int world_size, uint64_t seed)
-    : impl_(std::make_unique<Impl>()) {
-  const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
-  impl_->open(c, m, split, seq_len);
-  auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
-  impl_->samples_per_epoch = p->samples_per_epoch();
-  impl_->fingerprint = make_fingerprint(c, m.data_version, split, seq_len, seed, p->shuffle_block());
-  impl_->plan_ahead(c, seq_len, p->shuffle_block());
-  impl_->planner = std::move(p);
-  impl_->start_workers(c, seq_len, m);
-}
-
 Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
                int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step)
     : impl_(std::make_unique<Impl>()) {
   const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
   if (c.sources.empty() || sources.size() != c.sources.size())
-    throw Error("Loader: a mixture needs one manifest per data.sources entry");
-  std::vector<MixSource> mix;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    impl_->open(c, sources[i], split, seq_len);
-    mix.push_back({impl_->sets.back().get(), sources[i].data_version});
+    throw Error("Loader: needs one dataset per data.sources entry");
+  for (const auto& m : sources) impl_->open(c, m, split, seq_len);
+  const Manifest& first = sources[0];
+  uint64_t block = static_cast<uint64_t>(c.shuffle_buffer);
+  if (c.train_form) {  // data.train: one stream, seeded by the run's seed (loader.h)
+    auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
+    impl_->samples_per_epoch = p->samples_per_epoch();
+    impl_->fingerprint = make_fingerprint(c, first.data_version, split, seq_len, seed, p->shuffle_block());
+    block = p->shuffle_block();
+    impl_->planner = std::move(p);
+  } else {
+    std::vector<MixSource> mix;
+    for (size_t i = 0; i < sources.size(); ++i) mix.push_back({impl_->sets[i].get(), sources[i].data_version});
+    auto p = std::make_unique<MixPlanner>(c, mix, first.tokenizer.hash, seq_len, micro_batch, rank, world_size, seed,
+                                          micro_per_step);
+    impl_->samples_per_epoch = p->samples_per_epoch(0);
+    impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, block);
+    impl_->planner = std::move(p);
   }
-  auto p = std::make_unique<MixPlanner>(c, mix, sources[0].tokenizer.hash, seq_len, micro_batch, rank, world_size, seed,
-                                        micro_per_step);
-  impl_->samples_per_epoch = p->samples_per_epoch(0);
-  impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, static_cast<uint64_t>(c.shuffle_buffer));
-  impl_->plan_ahead(c, seq_len, static_cast<uint64_t>(c.shuffle_buffer));
-  impl_->planner = std::move(p);
-  impl_->start_workers(c, seq_len, sources[0]);
+  impl_->plan_ahead(c, seq_len, block);
+  impl_->start_workers(c, seq_len, first);
 }
 
 Loader::~Loader() {
@@ -116,7 +115,13 @@ LoaderState Loader::state() const {
 void Loader::rewind_to(uint64_t batches) { impl_->workers->rewind_to(batches); }
 
 void Loader::load_state(const LoaderState& s, bool force) {
-  check_resumable(s, impl_->fingerprint);
+  const auto& ours = impl_->fingerprint;
+  auto theirs = std::find_if(s.fingerprint.begin(), s.fingerprint.end(), [](const auto& kv) { return kv.first == "data_version"; });
+  if (force && ours.at(0).second != "mixture" && theirs != s.fingerprint.end() && theirs->second != ours.at(0).second) {
+    log::warn("other data than the checkpoint's (checkpoint.force): the data order starts from the beginning");
+    return;
+  }
+  check_resumable(s, ours);
   impl_->workers->stop();
   impl_->planner->restart(s, force);
   impl_->workers->start(s.batches, s.cursor, impl_->planner->mix_state());
@@ -139,47 +144,63 @@ Manifest open_source(const DataConfig& cfg, const std::string& path, const std::
 
 }  // namespace
 
-std::vector<Manifest> open_sources(const DataConfig& cfg) {
-  if (cfg.sources.empty()) return {open_source(cfg, cfg.train, cfg.text, cfg.text_field, "data.train")};
-  std::vector<Manifest> out;
+TrainData open_train_data(const DataConfig& cfg) {
+  if (cfg.sources.empty()) throw ConfigError("key 'data.train': not set (nor data.sources)");
+  TrainData d;
+  d.one_stream = cfg.train_form;
   for (const auto& s : cfg.sources) {
-    out.push_back(open_source(cfg, s.path, s.text, s.text_field, "data.sources." + s.name + ".path"));
-    const auto& a = out.front().tokenizer;
-    const auto& b = out.back().tokenizer;
+    d.sources.push_back(open_source(cfg, s.path, s.text, s.text_field,
+                                    cfg.train_form ? "data.train" : "data.sources." + s.name + ".path"));
+    d.names.push_back(s.name);
+    const auto& a = d.sources.front().tokenizer;
+    const auto& b = d.sources.back().tokenizer;
     if (a.hash != b.hash)
       throw DataError(strf("data.sources: source '%s' (%s) has tokenizer %s %s, source '%s' (%s) has %s %s; all sources "
                            "must share one tokenizer", cfg.sources[0].name.c_str(), cfg.sources[0].path.c_str(),
                            a.kind.c_str(), a.hash.c_str(), s.name.c_str(), s.path.c_str(), b.kind.c_str(), b.hash.c_str()));
   }
-  return out;
-}
-
-std::unique_ptr<Loader> open_loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split,
-                                    int64_t seq_len, int64_t micro_batch, int rank, int world_size, uint64_t seed,
-                                    int64_t micro_per_step) {
-  if (cfg.sources.empty()) return std::make_unique<Loader>(cfg, sources.at(0), split, seq_len, micro_batch, rank, world_size, seed);
-  return std::make_unique<Loader>(cfg, sources, split, seq_len, micro_batch, rank, world_size, seed, micro_per_step);
-}
-
-std::vector<std::string> source_names(const DataConfig& cfg) {
-  if (cfg.sources.empty()) return {"train"};
-  std::vector<std::string> out;
-  for (const auto& s : cfg.sources) out.push_back(s.name);
-  return out;
-}
-
-std::string mixture_version(const DataConfig& cfg, const std::vector<Manifest>& sources) {
-  if (cfg.sources.empty()) return sources.at(0).data_version;
+  if (cfg.train_form) {
+    d.version = d.sources[0].data_version;
+    return d;
+  }
   std::string text;
   for (size_t i = 0; i < cfg.sources.size(); ++i)
-    text += strf("source %s %s %.17g %lld\n", cfg.sources[i].name.c_str(), sources.at(i).data_version.c_str(),
+    text += strf("source %s %s %.17g %lld\n", cfg.sources[i].name.c_str(), d.sources[i].data_version.c_str(),
                  cfg.sources[i].weight, static_cast<long long>(cfg.sources[i].max_epochs));
   for (const auto& st : cfg.stages) {
     text += strf("stage %lld %lld", static_cast<long long>(st.until_step), static_cast<long long>(st.until_tokens));
     for (const auto& [name, w] : st.weights) text += strf(" %s %.17g", name.c_str(), w);
     text += "\n";
   }
-  return hex64(xxh64(text.data(), text.size()));
+  d.version = hex64(xxh64(text.data(), text.size()));
+  return d;
+}
+
+uint64_t TrainData::train_tokens() const {
+  uint64_t n = 0;
+  for (const auto& m : sources) n += m.split_tokens("train");
+  return n;
+}
+
+void TrainData::save_tokenizer(const std::string& dir) const {
+  Manifest m;
+  m.tokenizer = tokenizer();
+  m.dtype = dtype_for_vocab(m.tokenizer.vocab_size) == TokenDtype::kU16 ? "uint16" : "uint32";
+  m.data_version = compute_data_version({}, m.tokenizer.hash);
+  files::make_dirs(dir);
+  if (!m.tokenizer.file.empty()) files::write_file_atomic(dir + "/" + m.tokenizer.file, tokenizer_model());
+  files::write_file_atomic(dir + "/manifest.json", m.to_json());
+}
+
+std::string TrainData::tokenizer_model() const {
+  const Manifest& m = sources.at(0);
+  const TokenizerInfo& t = m.tokenizer;
+  if (t.file.empty()) return "";
+  const std::string where = m.dir + "/" + t.file;
+  std::string bytes = m.source ? m.source->read_file(t.file) : files::read_file(where);
+  if (const std::string got = hex64(xxh64(bytes.data(), bytes.size())); got != t.hash)
+    throw DataError(where + ": checksum " + got + " does not match the tokenizer hash of manifest.json (" + t.hash + ")");
+  return bytes;
 }
 
 }  // namespace lm::data

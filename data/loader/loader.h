@@ -42,7 +42,7 @@
 //   the batch layout shapes the order, so the block interrupted by such a change keeps the order it
 //   was cut with (saved in the state) and later blocks follow the new layout.
 //
-// MIXTURES (data.sources; data.train is the one-source shorthand, planned exactly as above)
+// MIXTURES (data.sources; data.train is the one-source form "train", planned exactly as above)
 //   Each source is its own sample stream as above (its own epochs, shard order and shuffles, seeded
 //   from (seed, its name)) with its own cursor. The global stream takes each next sample from the
 //   source furthest behind its target share of the TOKENS (mix.h), so the choice is a function of
@@ -130,16 +130,15 @@ struct LoaderState {
 
 class Loader {
  public:
+  // The loader of cfg's training data: sources[i] is the dataset of cfg.sources[i] (TrainData::
+  // sources). data.train's form (cfg.train_form) is planned as one stream; data.sources as a
+  // mixture, micro_per_step being train.grad_accum (stages are given in optimizer steps).
   // Validates the split (every shard's header and sizes against the manifest, checksums when
   // verify=full) and throws DataError naming the file on any problem, before starting workers.
   // Bad option values throw ConfigError naming the data.* key (validate(), data_config.h).
-  // REQUIRES: 0 <= rank < world_size.
-  Loader(const DataConfig& cfg, const Manifest& m, const std::string& split, int64_t seq_len,
-         int64_t micro_batch, int rank, int world_size, uint64_t seed);
-  // A mixture: sources[i] is the manifest of cfg.sources[i] (open_sources()); micro_per_step is
-  // train.grad_accum (stages are given in optimizer steps).
+  // REQUIRES: 0 <= rank < world_size; sources.size() == cfg.sources.size().
   Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
-         int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step);
+         int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step = 1);
   ~Loader();  // stops and joins the workers, also while they wait on a full queue
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -155,7 +154,8 @@ class Loader {
   void rewind_to(uint64_t batches);
   // Restarts the pipeline at `s`. Throws DataError naming the field when `s` was made for other
   // data or another sample order (see RESUME above).
-  // force (checkpoint.force): a mixture continues despite a changed or removed source (mix.h).
+  // force (checkpoint.force): a mixture continues despite a changed or removed source (mix.h); one
+  // stream whose state is of another data version starts from the beginning (warned).
   void load_state(const LoaderState& s, bool force = false);
   int64_t samples_per_epoch() const;  // a mixture: its first source's
 
@@ -165,19 +165,37 @@ class Loader {
   std::unique_ptr<Impl> impl_;
 };
 
-// The loader for cfg: a mixture (cfg.sources; micro_per_step = train.grad_accum) or the one source
-// sources[0] (data.train). `sources` from open_sources(cfg).
-std::unique_ptr<Loader> open_loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split,
-                                    int64_t seq_len, int64_t micro_batch, int rank, int world_size, uint64_t seed,
-                                    int64_t micro_per_step);
+// A config's training data, opened: for every data form (prepared or raw text, local or remote,
+// data.train or a mixture) THE answer to which tokenizer, vocabulary, data version and validation
+// split a run has.
+struct TrainData {
+  std::vector<Manifest> sources;   // cfg.sources' datasets, in order (data.train: the one "train")
+  std::vector<std::string> names;  // cfg.sources' names
+  std::string version;             // the run's data version id: one stream's data_version; a mixture,
+                                   // the xxh64 hex over every source's name, data_version, weight and
+                                   // max_epochs and every stage
+  bool one_stream = false;         // cfg.train_form (data.train)
 
-// The manifests of cfg's sources in order (data.train alone: one), each read from its location by
-// Manifest::load. Throws DataError naming both sources when their tokenizer hashes differ.
-std::vector<Manifest> open_sources(const DataConfig& cfg);
-// The sources' names ("train" for the data.train shorthand).
-std::vector<std::string> source_names(const DataConfig& cfg);
-// The run's data version id: one source by data.train, its data_version; a mixture, the xxh64 hex
-// over every source's name, data_version, weight and max_epochs and every stage.
-std::string mixture_version(const DataConfig& cfg, const std::vector<Manifest>& sources);
+  // What a resume compares with the checkpoint's data version: one stream's version; "" for a
+  // mixture, whose sources the loader state checks one by one (weights and stages may change).
+  std::string resume_version() const { return one_stream ? version : ""; }
+
+  const TokenizerInfo& tokenizer() const { return sources.at(0).tokenizer; }
+  int64_t vocab_size() const { return static_cast<int64_t>(tokenizer().vocab_size); }
+  // The dataset whose "val" split validates the run when data.val is empty: the first source.
+  const Manifest& val_source() const { return sources.at(0); }
+  uint64_t train_tokens() const;  // the sources' "train" splits together
+  // The tokenizer's model file bytes (sentencepiece; "" for bytes), checked against its hash,
+  // wherever the dataset lives (a local directory, a URL, the .model of raw text).
+  std::string tokenizer_model() const;
+  // The tokenizer as a dataset without shards at `dir` (manifest.json and the model file), which
+  // Manifest::load and load_tokenizer_isolated read: what a run directory carries (run_dir.h), so
+  // that export and generate work after the data is gone.
+  void save_tokenizer(const std::string& dir) const;
+};
+
+// Opens every source of cfg (Manifest::load, open_dataset for URLs, open_text_dataset for raw
+// text). Throws DataError naming both sources when their tokenizer hashes differ.
+TrainData open_train_data(const DataConfig& cfg);
 
 }  // namespace lm::data

@@ -47,6 +47,7 @@ class RemoteStore : public ShardSource {
 
   std::string location() const override { return http_.where().location; }
   std::string kind() const override { return http_.where().s3 ? "s3" : "http"; }
+  std::string read_file(const std::string& name) override { return http_.get(name); }
 
   void reserve(size_t shards, const std::string& why) override {
     const uint64_t need = shards * max_shard_;

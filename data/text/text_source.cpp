@@ -30,9 +30,10 @@ class TextSource : public ShardSource {
   // `first`: tokenized at once by the thread ahead (the val split's first chunk, which evaluation
   // reads on the training thread); val chunks, once tokenized, are never evicted.
   // `threads` tokenize ahead, each taking the next chunk of the list that nobody is building.
-  TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok,
+  // `model`: the tokenizer's model file ("" for bytes).
+  TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok, std::string model,
              std::map<std::string, ChunkRef> chunks, std::vector<std::string> first, int threads)
-      : location_(std::move(location)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
+      : location_(std::move(location)), model_(std::move(model)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
         dtype_(dtype_for_vocab(tok_->info().vocab_size)), ahead_(std::move(first)), generation_(1) {
     for (int i = 0; i < std::max(threads, 1); ++i) threads_.emplace_back([this] { run_ahead(); });
   }
@@ -48,6 +49,11 @@ class TextSource : public ShardSource {
 
   std::string location() const override { return location_; }
   std::string kind() const override { return "text"; }
+  // Raw text has one file of its own besides the text: the tokenizer's model (data.tokenizer).
+  std::string read_file(const std::string& name) override {
+    if (model_.empty() || name != tok_->info().file) throw DataError(location_ + ": raw text has no file '" + name + "'");
+    return files::read_file(model_);
+  }
   std::string fetch(const ShardInfo& s, std::shared_ptr<const void>*) override {
     throw Error(s.file + ": a raw text chunk has no shard file");
   }
@@ -192,7 +198,7 @@ class TextSource : public ShardSource {
     return generation_;
   }
 
-  std::string location_;
+  std::string location_, model_;
   TextOptions opt_;
   std::shared_ptr<const Tokenizer> tok_;
   std::map<std::string, ChunkRef> chunks_;
@@ -241,7 +247,11 @@ Manifest open_text_dataset(const std::string& location, const std::string& key, 
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
   std::vector<std::string> first;
   if (!val.empty()) first.push_back(val.front().file);
-  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(chunks), std::move(first), o.ahead_threads);
+  std::string model;  // the tokenizer's model file: data.tokenizer, or the one of the prep output it names
+  if (!m.tokenizer.file.empty())
+    model = std::filesystem::is_regular_file(o.tokenizer) ? o.tokenizer : o.tokenizer + "/" + Manifest::load(o.tokenizer).tokenizer.file;
+  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(model), std::move(chunks), std::move(first),
+                                          o.ahead_threads);
   return m;
 }
 

@@ -9,8 +9,8 @@
 //   fsync_eio@N     the Nth fsync of a file fails with EIO (once)
 //   kill_rename@N   SIGKILL just before the Nth rename
 //   kill_renamed@N  SIGKILL just after the Nth rename, before its directory is fsync'd
-//   kill_writer@N   SIGKILL at the Nth call made by the asynchronous checkpoint writer (a forked
-//                   child, or a thread other than the one that installed this file system); once
+//   kill_writer@N   SIGKILL at the Nth call made by the asynchronous checkpoint writer (a thread
+//                   other than the one that installed this file system); once
 //                   per run (a marker file next to the journal)
 //   powercut@N      at the Nth call of any kind: every byte not fsync'd is dropped (files truncated
 //                   to their last fsync'd size, files created or renamed in a directory not

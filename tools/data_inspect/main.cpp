@@ -5,7 +5,7 @@
 // Prints one JSON object:
 //   mixture  the planned mixture per stage: each stage's end (step or tokens) and every source's
 //            normalised token weight; with each source's directory, data version, train tokens and
-//            samples per epoch (data.train alone: one source "train")
+//            samples per epoch (data.train: the one source "train")
 //   batch    (unless --mixture) global micro-batch N (0-based; step N / train.grad_accum) as the
 //            trainer with W ranks reads it: per rank, per row the source, shard (index and file),
 //            document index and token offset where the row starts, and its target tokens; and
@@ -26,13 +26,14 @@
 namespace lm {
 namespace {
 
-nlohmann::json planned_mixture(const DataConfig& c, const std::vector<data::Manifest>& m, const std::vector<int64_t>& n) {
-  const auto names = data::source_names(c);
+nlohmann::json planned_mixture(const DataConfig& c, const data::TrainData& d, const std::vector<int64_t>& n) {
+  const auto& names = d.names;
+  const auto& m = d.sources;
   nlohmann::json sources = nlohmann::json::array(), stages = nlohmann::json::array();
   for (size_t i = 0; i < m.size(); ++i)
     sources.push_back({{"name", names[i]}, {"dir", m[i].dir}, {"data_version", m[i].data_version},
                        {"train_tokens", m[i].split_tokens("train")}, {"samples_per_epoch", n[i]},
-                       {"max_epochs", c.sources.empty() ? 0 : c.sources[i].max_epochs}});
+                       {"max_epochs", c.sources[i].max_epochs}});
   auto normalised = [&](const std::vector<double>& w) {
     double sum = 0;
     for (double x : w) sum += x;
@@ -41,7 +42,7 @@ nlohmann::json planned_mixture(const DataConfig& c, const std::vector<data::Mani
     return out;
   };
   std::vector<double> base;
-  for (size_t i = 0; i < m.size(); ++i) base.push_back(c.sources.empty() ? 1.0 : c.sources[i].weight);
+  for (size_t i = 0; i < m.size(); ++i) base.push_back(c.sources[i].weight);
   if (c.stages.empty()) stages.push_back({{"until", nullptr}, {"weights", normalised(base)}});
   for (const auto& st : c.stages) {
     std::vector<double> w(m.size(), 0.0);
@@ -52,15 +53,16 @@ nlohmann::json planned_mixture(const DataConfig& c, const std::vector<data::Mani
                            : st.until_step > 0 ? nlohmann::json{{"step", st.until_step}} : nlohmann::json(nullptr);
     stages.push_back({{"until", until}, {"weights", normalised(w)}});
   }
-  return {{"sources", sources}, {"stages", stages}, {"data_version", data::mixture_version(c, m)}};
+  return {{"sources", sources}, {"stages", stages}, {"data_version", d.version}};
 }
 
-nlohmann::json batch_json(const ExperimentConfig& cfg, const std::vector<data::Manifest>& m, uint64_t index, int world) {
-  const auto names = data::source_names(cfg.data);
+nlohmann::json batch_json(const ExperimentConfig& cfg, const data::TrainData& d, uint64_t index, int world) {
+  const auto& names = d.names;
+  const auto& m = d.sources;
   nlohmann::json ranks = nlohmann::json::array(), tokens = nlohmann::json::object();
   for (int r = 0; r < world; ++r) {
-    auto l = data::open_loader(cfg.data, m, "train", cfg.model.seq_len, cfg.train.micro_batch_size, r, world,
-                               static_cast<uint64_t>(cfg.run.seed), cfg.train.grad_accum);
+    auto l = std::make_unique<data::Loader>(cfg.data, m, "train", cfg.model.seq_len, cfg.train.micro_batch_size, r,
+                                            world, static_cast<uint64_t>(cfg.run.seed), cfg.train.grad_accum);
     data::Batch b;
     for (uint64_t k = 0; k <= index; ++k) b = l->next();
     nlohmann::json rows = nlohmann::json::array();
@@ -99,15 +101,15 @@ int run(int argc, char** argv) {
   }
   log::init("", false);
   const ExperimentConfig cfg = load_config(config, sets);
-  const std::vector<data::Manifest> m = data::open_sources(cfg.data);
+  const data::TrainData d = data::open_train_data(cfg.data);
   std::vector<int64_t> per_epoch;
-  for (size_t i = 0; i < m.size(); ++i) {
+  for (size_t i = 0; i < d.sources.size(); ++i) {
     DataConfig one = cfg.data;
-    if (!one.sources.empty()) one.sources = {cfg.data.sources[i]}, one.stages.clear();
-    per_epoch.push_back(data::open_loader(one, {m[i]}, "train", cfg.model.seq_len, 1, 0, 1, 0, 1)->samples_per_epoch());
+    one.sources = {cfg.data.sources[i]}, one.stages.clear();
+    per_epoch.push_back(data::Loader(one, {d.sources[i]}, "train", cfg.model.seq_len, 1, 0, 1, 0).samples_per_epoch());
   }
-  nlohmann::json out = {{"mixture", planned_mixture(cfg.data, m, per_epoch)}};
-  if (!mixture_only) out["batch"] = batch_json(cfg, m, batch, world);
+  nlohmann::json out = {{"mixture", planned_mixture(cfg.data, d, per_epoch)}};
+  if (!mixture_only) out["batch"] = batch_json(cfg, d, batch, world);
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -187,7 +187,7 @@ void Checkpointer::wait() {
   if (!inflight_) return;
   const auto t0 = Clock::now();
   inflight_->thread.join();
-  settle(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
+  close_inflight(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
 }
 
 void Checkpointer::wait_snapshot() {
@@ -204,13 +204,13 @@ void Checkpointer::step_done(double step_s) {
   stall_.step(step_s, inflight_ != nullptr);
   if (inflight_ && inflight_->done.load()) {
     inflight_->thread.join();
-    settle(0);
+    close_inflight(0);
   }
 }
 
 // The in-flight save is over (its thread joined): its stall measured, its report recorded.
 // extra_s: time the loop waited for it outside any step.
-void Checkpointer::settle(double extra_s) {
+void Checkpointer::close_inflight(double extra_s) {
   SaveReport r = inflight_->report;
   r.steal_ms = 1e3 * inflight_->steal.take_s();
   r.block_ms = r.call_ms + 1e3 * (stall_.take(inflight_->fence_s) + extra_s);
@@ -538,10 +538,11 @@ CheckpointState Checkpointer::load(const std::string& dir) {
     for (auto& [key, values] : state.at("components").items()) st.replicated[key].values = values;
     for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].tensors = in.tensors(file.get<std::string>());
     // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
-    // global; saved_rank tells the trainer the RNG state is not its own.
+    // global; an own-rank component (the RNG streams) gets none (StateRegistry::Scope::kOwnRank).
     const std::string mine = "rank_" + std::to_string(rank_) + ".json";
     const auto rank_state = in.json(in.has(mine) ? mine : "rank_0.json");
     st.saved_rank = rank_state.at("rank").get<int>();
+    st.loaded_rank = rank_;
     for (auto& [key, values] : rank_state.at("components").items()) st.per_rank[key].values = values;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(dir + ": malformed state (" + std::string(e.what()) + ")");

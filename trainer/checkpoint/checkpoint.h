@@ -17,7 +17,7 @@
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
 // forward and backward run, in chunks taken by the writer thread (a background thread: idle
 // priority and a yield between pieces, common/parallel.h)
-// and by wait_snapshot() (called by the loop before anything the snapshot covers is updated),
+// and by wait_snapshot() (asked by the optimizer and the EMA before they write what it covers),
 // which copies what is left and returns when all is copied. At most one save is in flight. The
 // buffer is kept for the next save: host memory holds the state twice while async saves are on.
 // (A forked writer, as Redis' BGSAVE, was measured against this design on the same training loop
@@ -77,7 +77,7 @@ struct SaveReport {
   std::string error;     // empty when it succeeded
 };
 
-class Checkpointer {
+class Checkpointer : public WriteFence {
  public:
   // Creates (and fsyncs) RUN_DIR/checkpoints; on rank 0 removes stale "*.tmp" directories of
   // interrupted saves and repairs an interrupted re-save. nodes: machines in the job
@@ -97,9 +97,11 @@ class Checkpointer {
   // Reports of saves finished (and their stall measured) since the last call, oldest first.
   std::vector<SaveReport> finished();
   void wait();  // until no save is in flight
-  // REQUIRES: called before the loop updates anything the last snapshot holds (parameters,
-  // optimizer moments, EMA). Returns once the async save's staging copy is complete.
+  // REQUIRES: called before anything the last snapshot holds is updated (parameters, optimizer
+  // moments, EMA). Returns once the async save's staging copy is complete. The optimizer and the
+  // EMA ask it themselves, through before_write() (AdamW/Ema::set_fence).
   void wait_snapshot();
+  void before_write() override { wait_snapshot(); }
   // The loop finished a step of step_s seconds (its whole time, wait_snapshot included).
   void step_done(double step_s);
 
@@ -128,7 +130,7 @@ class Checkpointer {
  private:
   struct InFlight;
   std::vector<files::FilePlan> plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep, InFlight* f);
-  void settle(double fence_fallback_s);
+  void close_inflight(double extra_s);  // the in-flight save is over: its stall measured, its report recorded
   void record(SaveReport r);
   void prune();
   // Moves a checkpoint that did not verify into the quarantine (a free name there) and logs where.

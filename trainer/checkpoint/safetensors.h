@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "common/files.h"
+#include "trainer/stateful.h"
 
 namespace lm {
-
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // The file's layout: its head (8-byte header length + JSON header) and its tensors in file order
 // (sorted by name, contiguous, on their own device), data_bytes of them after the head.

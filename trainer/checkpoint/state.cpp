@@ -5,17 +5,17 @@
 
 namespace lm {
 
-void StateRegistry::add(const std::string& key, Scope scope, Save save, Load load, bool optional) {
+void StateRegistry::add(const std::string& key, Scope scope, Stateful& c, bool optional) {
   for (const auto& e : entries_)
     if (e.key == key) throw Error("state key '" + key + "' registered twice");
-  entries_.push_back({key, scope, std::move(save), std::move(load), optional});
+  entries_.push_back({key, scope, &c, optional});
 }
 
 CheckpointState StateRegistry::snapshot(int64_t step, nlohmann::json run) const {
   CheckpointState st;
   st.step = step;
   st.run = std::move(run);
-  for (const auto& e : entries_) (e.scope == Scope::kReplicated ? st.replicated : st.per_rank)[e.key] = e.save();
+  for (const auto& e : entries_) (e.scope == Scope::kReplicated ? st.replicated : st.per_rank)[e.key] = e.component->state();
   return st;
 }
 
@@ -24,7 +24,8 @@ void StateRegistry::restore(const CheckpointState& st, const std::string& where)
     const auto& part = e.scope == Scope::kReplicated ? st.replicated : st.per_rank;
     auto it = part.find(e.key);
     if (it == part.end() && !e.optional) throw CheckpointError(where + ": has no state for '" + e.key + "'");
-    e.load(it == part.end() ? nullptr : &it->second);
+    const bool others = e.scope == Scope::kOwnRank && st.saved_rank != st.loaded_rank;
+    e.component->load_state(it == part.end() || others ? nullptr : &it->second);
   }
 }
 

@@ -1,7 +1,7 @@
 // What a checkpoint holds, component by component. Every stateful part of a run (model, optimizer,
-// scheduler, EMA, progress, metric windows, loader, RNG streams) saves and loads its OWN state; a
-// StateRegistry binds each one to a fixed key, and the checkpoint composes them by name. Nothing
-// else knows a component's keys.
+// scheduler, EMA, progress, metric windows, loader, RNG streams) is a Stateful (trainer/stateful.h)
+// that saves and loads its OWN state; a StateRegistry binds each one to a fixed key, and the
+// checkpoint composes them by name. Nothing else knows a component's keys.
 //
 // Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
 //   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/stateful.h"
 
 namespace lm {
 
@@ -36,10 +37,17 @@ constexpr const char* kSourceTokens = "source_tokens";  // realised tokens per d
 constexpr const char* kRng = "rng";
 }  // namespace state_key
 
-// One component's state: small values as JSON, tensors by name (either may be empty).
-struct ComponentState {
-  nlohmann::json values = nlohmann::json::object();
-  NamedTensors tensors;
+// A module's parameters and buffers by name (module_tensors: views), loaded back in place; the
+// model under "model". `what` names the file in messages.
+class ModuleState : public Stateful {
+ public:
+  ModuleState(torch::nn::Module& m, std::string what) : m_(m), what_(std::move(what)) {}
+  ComponentState state() const override { return {{}, module_tensors(m_)}; }
+  void load_state(const ComponentState* st) override { load_into_module(m_, st->tensors, what_); }
+
+ private:
+  torch::nn::Module& m_;
+  std::string what_;
 };
 
 // What one rank contributes to, or gets back from, a checkpoint.
@@ -49,20 +57,22 @@ struct CheckpointState {
   nlohmann::json run = nlohmann::json::object();
   std::map<std::string, ComponentState> replicated;  // the same on every rank; written by rank 0
   std::map<std::string, ComponentState> per_rank;    // this rank's own
-  int saved_rank = 0;  // loaded: the rank that wrote per_rank (another one when the world grew)
+  int saved_rank = 0;   // loaded: the rank that wrote per_rank (another one when the world grew)
+  int loaded_rank = 0;  // loaded: the rank that read it
 };
 
 // The run's stateful components under their keys. snapshot() asks each for its state; restore()
 // hands each its part, in registration order (so later components may depend on earlier ones).
 class StateRegistry {
  public:
-  enum class Scope { kReplicated, kPerRank };
-  using Save = std::function<ComponentState()>;
-  // `st` is nullptr when the checkpoint has no state for this component (only for optional ones).
-  using Load = std::function<void(const ComponentState* st)>;
+  // kReplicated: the same on every rank. kPerRank: each rank's own; a rank the checkpoint has none
+  // for (the world grew) gets rank 0's (the loader: its cursor is global). kOwnRank: each rank's
+  // own or nothing: a rank that would get another rank's is handed nullptr (the RNG streams).
+  enum class Scope { kReplicated, kPerRank, kOwnRank };
 
-  // REQUIRES: `key` not registered yet.
-  void add(const std::string& key, Scope scope, Save save, Load load, bool optional = false);
+  // `c` under `key`; an optional component is handed nullptr when a checkpoint has no state for
+  // it, a required one is refused. REQUIRES: `key` not registered yet; `c` outlives the registry.
+  void add(const std::string& key, Scope scope, Stateful& c, bool optional = false);
   CheckpointState snapshot(int64_t step, nlohmann::json run) const;
   // Throws CheckpointError naming `where` and the key when a required component is missing.
   void restore(const CheckpointState& st, const std::string& where) const;
@@ -71,8 +81,7 @@ class StateRegistry {
   struct Entry {
     std::string key;
     Scope scope;
-    Save save;
-    Load load;
+    Stateful* component;
     bool optional;
   };
   std::vector<Entry> entries_;

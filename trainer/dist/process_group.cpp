@@ -36,9 +36,13 @@ struct Comm::Pending {
   torch::Tensor tensor;
 };
 
-Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& device)
+Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& device, const std::string& nccl_log_dir)
     : impl_(std::make_unique<Impl>()), rank_(e.rank), world_(e.world_size), timeout_s_(cfg.timeout_s) {
   backend_ = cfg.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : cfg.backend;
+  if (backend_ == "nccl" && !nccl_log_dir.empty()) {  // NCCL's own log, kept per rank with the run
+    ::setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0);
+    ::setenv("NCCL_DEBUG_FILE", (nccl_log_dir + "/nccl_rank" + std::to_string(e.rank) + ".%h.%p.log").c_str(), 0);
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1e3));
   try {
     c10d::TCPStoreOptions so;
@@ -80,6 +84,17 @@ Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& devic
     throw ConfigError("key 'dist.backend': unknown backend '" + backend_ + "'");
   }
   barrier("startup barrier");
+}
+
+std::unique_ptr<Comm> open_process_group(const LaunchEnv& launch, const DistConfig& cfg, const torch::Device& device,
+                                         const std::string& nccl_log_dir) {
+  if (launch.world_size <= 1 && cfg.backend == "auto") return nullptr;
+  LaunchEnv env = launch;
+  if (env.world_size <= 1 && env.master_addr.empty()) env.master_addr = "127.0.0.1", env.master_port = 0;  // any free port
+  log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", env.rank, env.world_size,
+                 env.source.empty() ? "single-process" : env.source.c_str(), env.local_rank, env.master_addr.c_str(),
+                 env.master_port));
+  return std::make_unique<Comm>(env, cfg, device, nccl_log_dir);
 }
 
 Comm::~Comm() {

@@ -17,7 +17,9 @@ namespace lm {
 // thread issues every collective, in the same order on every rank.
 class Comm {
  public:
-  Comm(const LaunchEnv& env, const DistConfig& cfg, const torch::Device& device);
+  // nccl_log_dir: with NCCL, where NCCL's own log goes per rank (NCCL_DEBUG=INFO and
+  // NCCL_DEBUG_FILE unless set: "why did it break"); "" leaves NCCL's environment alone.
+  Comm(const LaunchEnv& env, const DistConfig& cfg, const torch::Device& device, const std::string& nccl_log_dir = "");
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -45,5 +47,10 @@ class Comm {
   std::string backend_;
   double timeout_s_ = 300;
 };
+
+// The run's process group, or nullptr: one rank has one only when dist.backend names one (the
+// device check runs NCCL so; it meets on any free loopback port). Logs the rendezvous.
+std::unique_ptr<Comm> open_process_group(const LaunchEnv& launch, const DistConfig& cfg, const torch::Device& device,
+                                         const std::string& nccl_log_dir);
 
 }  // namespace lm

@@ -20,12 +20,13 @@
 namespace lm {
 namespace {
 
-// What names a run's tokenizer: data.tokenizer when it reads raw text, else its (first) dataset.
-std::string tokenizer_of(const DataConfig& d) {
-  bool raw = !d.text.empty();
-  for (const auto& s : d.sources) raw = raw || !s.text.empty();
-  if (raw) return d.tokenizer;
-  return d.sources.empty() ? d.train : d.sources.front().path;
+// What names a run's tokenizer: the copy in its directory; a run written before runs carried one,
+// data.tokenizer when it reads raw text, else its first dataset.
+std::string tokenizer_of(const std::string& run, const DataConfig& d) {
+  if (files::exists(run_dir::tokenizer(run) + "/manifest.json")) return run_dir::tokenizer(run);
+  for (const auto& s : d.sources)
+    if (!s.text.empty()) return d.tokenizer;
+  return d.sources.at(0).path;
 }
 
 }  // namespace
@@ -100,7 +101,7 @@ int generate_cli(int argc, char** argv) {
   if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
   auto cfg = load_config(run_dir::config(run), {});
   if (weights.empty()) weights = run_dir::weights(run);
-  auto tok = data::load_tokenizer_isolated(data_dir.empty() ? tokenizer_of(cfg.data) : data_dir);
+  auto tok = data::load_tokenizer_isolated(data_dir.empty() ? tokenizer_of(run, cfg.data) : data_dir);
   const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
   LM model = build_model(cfg.model, padded_vocab(cfg.model, data_vocab));
   load_into_module(*model, load_safetensors(weights), weights);

@@ -65,6 +65,7 @@ AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) 
 }
 
 void AdamW::step(double lr, const torch::Tensor& found_inf) {
+  if (fence_) fence_->before_write();
   auto& p = flat_.params();
   if (fused_) return fused_step(lr, found_inf);
   if (found_inf.defined() && found_inf.item<float>() != 0) return;  // a host read off the fused path
@@ -144,7 +145,8 @@ ComponentState AdamW::state() const {
   return st;
 }
 
-void AdamW::load_state(const ComponentState& st) {
+void AdamW::load_state(const ComponentState* in) {
+  const ComponentState& st = *in;
   std::map<std::string, torch::Tensor> by_name(st.tensors.begin(), st.tensors.end());
   torch::NoGradGuard ng;
   for (const auto& e : flat_.entries()) {

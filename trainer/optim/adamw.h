@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 #include "trainer/optim/optim_config.h"
 
 namespace lm {
@@ -53,7 +53,7 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 // optim.fused (optim_config.h) picks at::_fused_adamw_ (CUDA >= 2.1, CPU >= 2.4: the update gated on
 // the device by found_inf); else on CPU float32 one fused, multi-threaded pass over the flat
 // buffers, on CUDA the same update as tensor ops.
-class AdamW {
+class AdamW : public Stateful {
  public:
   AdamW(FlatParams& flat, const OptimConfig& cfg);
   // Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel here.
@@ -61,6 +61,8 @@ class AdamW {
   // holds 1 the step is skipped entirely (weights, moments and the step count stay as they were).
   // The fused kernel reads it on the device (no host sync); the flat update reads it on the host.
   void step(double lr, const torch::Tensor& found_inf = {});
+  // Asked before every update writes the parameters and moments (nullptr: none).
+  void set_fence(WriteFence* f) { fence_ = f; }
   // True when steps go through at::_fused_adamw_ (optim.fused).
   bool fused() const { return fused_; }
   // Updates taken so far (skipped ones not counted). With the fused path this reads the device
@@ -71,8 +73,8 @@ class AdamW {
   // State under "optimizer": values {kind, step}; tensors "exp_avg/<param>", "exp_avg_sq/<param>"
   // (views into the flat moments, no copy). load_state throws CheckpointError naming a missing or
   // mis-shaped tensor.
-  ComponentState state() const;
-  void load_state(const ComponentState& st);
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   FlatParams& flat_;
@@ -81,6 +83,7 @@ class AdamW {
   void fused_step(double lr, const torch::Tensor& found_inf);
 
   bool fused_ = false;
+  WriteFence* fence_ = nullptr;
   int64_t t_ = 0;       // host step count; the fused path's truth is step_
   torch::Tensor step_;  // fused path: the float step counter on the device, shared by every tensor
 };

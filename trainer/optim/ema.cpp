@@ -11,6 +11,7 @@ namespace lm {
 Ema::Ema(FlatParams& flat, double decay) : flat_(flat), decay_(decay), ema_(flat.params().clone()) {}
 
 void Ema::update(const torch::Tensor& found_inf) {
+  if (fence_) fence_->before_write();
   if (!found_inf.defined()) {
     ema_.lerp_(flat_.params(), 1.0 - decay_);
     return;

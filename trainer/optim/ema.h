@@ -4,12 +4,12 @@
 
 #include <torch/torch.h>
 
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 #include "trainer/optim/adamw.h"
 
 namespace lm {
 
-class Ema {
+class Ema : public Stateful {
  public:
   // Starts as a copy of the current weights. REQUIRES: 0 < decay < 1.
   Ema(FlatParams& flat, double decay);
@@ -17,9 +17,12 @@ class Ema {
   // on the device, as AdamW::step takes it): where it holds 1 the EMA stays as it was, decided on
   // the device (the fused path's skipped step).
   void update(const torch::Tensor& found_inf = {});
+  // Asked before the EMA or (swapping) the parameters are written (nullptr: none).
+  void set_fence(WriteFence* f) { fence_ = f; }
   // Runs fn() with the EMA weights in place of the model's, then puts the model's back.
   template <typename F>
   auto with_weights(F&& fn) {
+    if (fence_) fence_->before_write();
     torch::NoGradGuard ng;
     auto saved = flat_.params().clone();
     flat_.params().copy_(ema_);
@@ -32,12 +35,13 @@ class Ema {
   }
   // State under "ema": tensors by parameter name (views). A checkpoint without EMA state (EMA was
   // off) restarts the average from the current weights: load_state(nullptr).
-  ComponentState state() const;
-  void load_state(const ComponentState* st);
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   FlatParams& flat_;
   double decay_;
+  WriteFence* fence_ = nullptr;
   torch::Tensor ema_;  // (numel,) like flat_.params()
 };
 

@@ -18,14 +18,15 @@ double lr_at(const ScheduleConfig& s, double peak_lr, int64_t max_steps, int64_t
   return min_lr + (peak_lr - min_lr) * k;
 }
 
-ComponentState LrSchedule::state(int64_t step) const {
+ComponentState LrSchedule::state() const {
+  const int64_t step = *step_;
   ComponentState st;
   st.values = {{"kind", cfg_.kind}, {"step", step}, {"lr", at(step)}};
   return st;
 }
 
-void LrSchedule::load_state(const ComponentState& st) const {
-  const std::string was = st.values.value("kind", "");
+void LrSchedule::load_state(const ComponentState* st) {
+  const std::string was = st->values.value("kind", "");
   if (was != cfg_.kind) log::warn("schedule.kind changed at resume: " + was + " -> " + cfg_.kind);
 }
 

@@ -14,6 +14,7 @@
 #include "common/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/process.h"
 #if LM_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -150,14 +151,11 @@ GpuInfo gpu_info(const torch::Device& device) {
   g.nccl = c10d::getNcclVersion();
 #endif
   // nvidia-smi knows the driver's own version string.
-  if (FILE* p = ::popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null", "r")) {
-    char buf[128] = {0};
-    if (std::fgets(buf, sizeof buf, p)) {
-      std::string d = buf;
-      while (!d.empty() && (d.back() == '\n' || d.back() == ' ')) d.pop_back();
-      if (!d.empty()) g.driver = d;
-    }
-    ::pclose(p);
+  std::string d;
+  if (run_command({"nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"}, "", &d, 10) == 0) {
+    d = d.substr(0, d.find('\n'));
+    while (!d.empty() && d.back() == ' ') d.pop_back();
+    if (!d.empty()) g.driver = d;
   }
 #endif
   return g;

@@ -16,8 +16,7 @@ namespace lm {
 namespace {
 
 // Blocks of 2 MB and more are 2 MB-aligned and asked to be transparent huge pages: fewer TLB misses
-// in the big matmuls, and fork() (the async checkpoint snapshot) copies 512x fewer page-table
-// entries.
+// in the big matmuls.
 void* allocate_block(size_t size) {
   constexpr size_t kHuge = size_t{2} << 20;
   void* p = nullptr;

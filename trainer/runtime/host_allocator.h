@@ -5,7 +5,7 @@
 // (measured: ~11% of a CPU step at the benchmark shape). This allocator keeps freed blocks of at
 // least kMinCachedBytes in per-size free lists and hands them out again, as PyTorch's CUDA caching
 // allocator does for device memory. Smaller requests go to LibTorch's default allocator. Blocks of
-// 2 MB and more are transparent-huge-page backed (madvise), which also makes fork() cheap.
+// 2 MB and more are transparent-huge-page backed (madvise): fewer TLB misses in the big matmuls.
 // Thread-safe. Cached memory is bounded by `max_cached_bytes`; past it the free lists are emptied.
 #pragma once
 

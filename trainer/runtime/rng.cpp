@@ -39,7 +39,13 @@ ComponentState RngStreams::state() const {
   return st;
 }
 
-void RngStreams::load_state(const ComponentState& st) const {
+void RngStreams::load_state(const ComponentState* in) {
+  if (!in) {
+    log::warn("rng: the checkpoint has no state for this rank (world size changed): the global data cursor is "
+              "rank 0's, dropout draws start anew");
+    return;
+  }
+  const ComponentState& st = *in;
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the shared generator
   gen.set_state(from_hex(st.values.at("cpu").get<std::string>()));
   if (st.values.contains("cuda")) set_cuda_rng_state(device_, from_hex(st.values.at("cuda").get<std::string>()));

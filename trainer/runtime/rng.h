@@ -6,11 +6,11 @@
 
 #include <cstdint>
 
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 
 namespace lm {
 
-class RngStreams {
+class RngStreams : public Stateful {
  public:
   explicit RngStreams(const torch::Device& device) : device_(device) {}
   // The same seed on every rank: identical model initialisation.
@@ -18,8 +18,8 @@ class RngStreams {
   // Each rank's own stream (dropout) derived from the seed and the rank.
   void seed_rank(uint64_t seed, int rank) const;
   // State under "rng" (per rank): {"cpu": hex bytes, "cuda": hex bytes on CUDA}.
-  ComponentState state() const;
-  void load_state(const ComponentState& st) const;
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   torch::Device device_;

@@ -32,7 +32,8 @@ ComponentState AnomalyDetector::state() const {
   return st;
 }
 
-void AnomalyDetector::load_state(const ComponentState& st) {
+void AnomalyDetector::load_state(const ComponentState* in) {
+  const ComponentState& st = *in;
   recent_.clear();
   for (double l : st.values.value("recent_losses", std::vector<double>{})) recent_.push_back(l);
 }

@@ -11,12 +11,12 @@
 
 #include "data/format/manifest.h"
 #include "data/loader/loader.h"
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 #include "trainer/train_config.h"
 
 namespace lm {
 
-class AnomalyDetector {
+class AnomalyDetector : public Stateful {
  public:
   explicit AnomalyDetector(const AnomalyConfig& cfg) : cfg_(cfg) {}
   // "" or why the step that ends at optimizer step `step` (1-based) is an anomaly. A normal loss
@@ -24,8 +24,8 @@ class AnomalyDetector {
   std::string check(int64_t step, double loss, double gnorm);
   const std::deque<double>& recent_losses() const { return recent_; }
   // State under "anomaly": {"recent_losses": [...]}.
-  ComponentState state() const;
-  void load_state(const ComponentState& st);
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   AnomalyConfig cfg_;

@@ -20,6 +20,7 @@
 #include "common/compat.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "trainer/run_dir.h"
 
 namespace lm {
@@ -122,8 +123,9 @@ void RunRecord::finish(const std::string& status, int exit_code, const std::stri
   write();
 }
 
-nlohmann::json describe_mixture(const DataConfig& c, const std::vector<data::Manifest>& sources) {
-  if (c.sources.empty()) return nullptr;
+nlohmann::json describe_mixture(const DataConfig& c, const data::TrainData& data) {
+  if (data.one_stream) return nullptr;
+  const auto& sources = data.sources;
   nlohmann::json src = nlohmann::json::array(), stages = nlohmann::json::array();
   for (size_t i = 0; i < c.sources.size(); ++i)
     src.push_back({{"name", c.sources[i].name}, {"path", c.sources[i].path}, {"data_version", sources.at(i).data_version},
@@ -134,7 +136,7 @@ nlohmann::json describe_mixture(const DataConfig& c, const std::vector<data::Man
     for (const auto& [name, v] : st.weights) w[name] = v;
     stages.push_back({{"until", st.until_step}, {"until_tokens", st.until_tokens}, {"weights", w}});
   }
-  return {{"sources", src}, {"stages", stages}, {"data_version", data::mixture_version(c, sources)}};
+  return {{"sources", src}, {"stages", stages}, {"data_version", data.version}};
 }
 
 nlohmann::json describe_run(const RunFacts& f) {
@@ -142,9 +144,9 @@ nlohmann::json describe_run(const RunFacts& f) {
   if (!f.gpu.model.empty())
     gpu = {{"model", f.gpu.model}, {"driver", f.gpu.driver}, {"cuda", f.gpu.cuda}, {"nccl", f.gpu.nccl}, {"count", f.gpu.count}};
   char cwd[4096] = {0};
-  const auto& m = f.sources.at(0);
+  const auto& m = f.data.sources.at(0);
   nlohmann::json where = nlohmann::json::array();  // where each source lives and which data it held
-  for (const auto& s : f.sources)
+  for (const auto& s : f.data.sources)
     where.push_back({{"location", s.dir},
                      {"kind", s.source ? s.source->kind() : "local"},
                      {"data_version", s.data_version}});
@@ -153,7 +155,7 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
           {"config", f.config},
           {"data", {{"dir", m.dir},
-                    {"data_version", f.mixture.is_null() ? nlohmann::json(m.data_version) : f.mixture.at("data_version")},
+                    {"data_version", f.data.version},
                     {"mixture", f.mixture},
                     {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
                                    {"hash", m.tokenizer.hash}}},
@@ -170,7 +172,7 @@ nlohmann::json describe_run(const RunFacts& f) {
 
 void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank) {
   const std::string out = run_dir::logs(run_dir) + "/nvidia-smi_" + when + ".rank" + std::to_string(rank) + ".txt";
-  if (std::system(("nvidia-smi > '" + out + "' 2>&1").c_str()) != 0) log::warn("nvidia-smi failed: see " + out);
+  if (run_command({"nvidia-smi"}, out, nullptr, 30) != 0) log::warn("nvidia-smi failed: see " + out);
 }
 
 void RunRecord::write() { files::write_file_atomic(path_, meta_.dump(2) + "\n"); }

@@ -12,19 +12,19 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader/loader.h"
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 
 namespace lm {
 
-class SourceTokens {
+class SourceTokens : public Stateful {
  public:
   explicit SourceTokens(std::vector<std::string> names) : names_(std::move(names)), window_(names_.size()), total_(names_.size()) {}
   // One micro-batch's global batch (Batch::source_tokens: every rank's rows).
   void add(const data::Batch& b);
   // Adds the window and run totals ({name: tokens}) to a "train" record; starts a new window.
   void close(nlohmann::json& rec);
-  ComponentState state() const;
-  void load_state(const ComponentState* st);  // nullptr: a checkpoint from before mixtures
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;  // nullptr: a checkpoint from before mixtures
 
  private:
   std::vector<std::string> names_;

@@ -35,7 +35,8 @@ ComponentState TrainLog::state() const {
   return st;
 }
 
-void TrainLog::load_state(const ComponentState& st) {
+void TrainLog::load_state(const ComponentState* in) {
+  const ComponentState& st = *in;
   const auto& j = st.values;
   loss_ = j.at("loss"), time_ = j.at("time"), wait_ = j.at("wait"), tokens_ = j.at("tokens");
   pad_ = j.at("pad"), inputs_ = j.at("inputs"), steps_ = j.at("steps"), first_loss_ = j.at("first_loss");

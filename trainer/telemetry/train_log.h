@@ -4,11 +4,11 @@
 
 #include <cstdint>
 
-#include "trainer/checkpoint/state.h"
+#include "trainer/stateful.h"
 
 namespace lm {
 
-class TrainLog {
+class TrainLog : public Stateful {
  public:
   // One optimizer step, over all ranks.
   struct Step {
@@ -33,8 +33,8 @@ class TrainLog {
   double tokens_per_s() const { return timed_s_ > 0 ? timed_tokens_ / timed_s_ : 0; }
   double padding_pct() const { return run_inputs_ > 0 ? 100.0 * run_pad_ / run_inputs_ : 0; }
 
-  ComponentState state() const;
-  void load_state(const ComponentState& st);
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   double loss_ = 0, time_ = 0, wait_ = 0, tokens_ = 0, pad_ = 0, inputs_ = 0, flops_ = 0;  // window

@@ -1,0 +1,45 @@
+// The one contract of a stateful component (model, optimizer, EMA, scheduler, progress, metric
+// windows, loader, RNG streams): its state out, its state in, with one signature, as torchtitan's
+// components do. The checkpoint registry (checkpoint/state.h) binds each component to a fixed key;
+// the components know nothing of checkpoints, files or keys, so optim/, runtime/ and telemetry/ do
+// not depend on checkpoint/.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lm {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// One component's state: small values as JSON, tensors by name (either may be empty).
+struct ComponentState {
+  nlohmann::json values = nlohmann::json::object();
+  NamedTensors tensors;
+};
+
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  // The component's state now (tensors may be views of its own: the caller copies what it keeps).
+  virtual ComponentState state() const = 0;
+  // Restores what state() gave. `st` is nullptr only for a component registered as optional whose
+  // checkpoint has no state for it (written before it existed, or with it off): the component says
+  // what that means. Throws CheckpointError naming what does not fit.
+  virtual void load_state(const ComponentState* st) = 0;
+};
+
+// Asked by a component before it writes state that an asynchronous checkpoint may still be copying
+// out of it (the parameters, the optimizer moments, the EMA): the checkpointer implements it
+// (checkpoint/checkpoint.h), so the fence lives with what it guards, never in the training loop.
+class WriteFence {
+ public:
+  virtual ~WriteFence() = default;
+  virtual void before_write() = 0;
+};
+
+}  // namespace lm

@@ -1,0 +1,59 @@
+// One optimizer step's device work (see step.h).
+#include "trainer/step.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "common/checksum.h"
+#include "common/compat.h"
+#include "models/registry.h"
+
+namespace lm {
+
+ForwardBackward::ForwardBackward(Parts p)
+    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.cfg->train.dtype == "bf16"),
+      fault_nan_step_(std::getenv("LM_FAULT_NAN_STEP") ? std::atoll(std::getenv("LM_FAULT_NAN_STEP")) : 0) {}
+
+RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats) {
+  const ExperimentConfig& cfg = *p_.cfg;
+  const int64_t accum = cfg.train.grad_accum;
+  RankStats mine;
+  std::vector<uint64_t> hashes;
+  batches_before_ = p_.loader->state().batches;
+  for (int64_t m = 0; m < accum; ++m) {  // the micro-batches first: their token count normalises the loss
+    if (!cfg.data.reuse_batch || batches[m].rows == 0) {
+      batches[m] = p_.loader->next();
+      mine.wait_ms += p_.loader->last_wait_ms();
+      p_.source_tokens->add(batches[m]);
+    }
+    mine.targets += batches[m].target_tokens;
+    mine.pad += batches[m].pad_tokens;
+    mine.inputs += batches[m].rows * batches[m].cols;
+    mine.flops += static_cast<double>(batches[m].rows * batches[m].cols - batches[m].pad_tokens) *
+                  flops_per_token(cfg.model, p_.vocab, batches[m].cols);  // real tokens at this length
+    hashes.push_back(batches[m].hash);
+  }
+  mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
+  const double global_targets = global_target_tokens(mine.targets, cfg.data.mode == "packed", p_.comm, p_.world);
+  p_.flat->zero_grad();
+  const auto on_device = torch::TensorOptions().device(p_.device);
+  torch::Tensor loss_sum = torch::zeros({}, on_device);
+  for (int64_t m = 0; m < accum; ++m) {
+    auto& b = batches[m];
+    auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
+    auto y = uploader_.upload(b.targets, b.rows, b.cols);
+    if (p_.grad_sync) p_.grad_sync->begin(m == accum - 1);
+    if (bf16_) compat::set_autocast(p_.device, true);
+    auto loss = b.rows > 0 ? p_.model->loss_sum(x, y) : torch::zeros({}, on_device);
+    if (bf16_) compat::set_autocast(p_.device, false);
+    if (step + 1 == fault_nan_step_) loss = loss * std::nan("");  // fault injection (tests): a non-finite step
+    if (b.rows > 0) (loss / global_targets).backward();
+    if (bf16_) compat::clear_autocast_cache();
+    loss_sum += loss.detach();
+  }
+  if (p_.grad_sync) p_.grad_sync->finish(step + 1);
+  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip).to(torch::kDouble)});
+  return mine;
+}
+
+}  // namespace lm

@@ -1,0 +1,144 @@
+// The run's records (see run_telemetry.h).
+#include "trainer/telemetry/run_telemetry.h"
+
+#include <cmath>
+
+#include "common/checksum.h"
+#include "common/errors.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "trainer/run_dir.h"
+#include "trainer/telemetry/anomaly.h"
+#include "trainer/telemetry/records.h"
+
+namespace lm {
+
+using clock::unix_now;
+
+RunTelemetry::RunTelemetry(const ExperimentConfig& cfg, int rank, int world, const torch::Device& device)
+    : cfg_(cfg), rank_(rank), world_(world), device_(device) {}
+
+void RunTelemetry::start(const std::string& command, RunFacts facts, int64_t resumed_step) {
+  peak_ = mfu_peak(cfg_.log.peak_tflops, facts.gpu.model, cfg_.train.dtype, device_);
+  log::info(peak_.flops <= 0 ? "MFU unknown: no peak for " + facts.gpu.model + " (set log.peak_tflops)"
+                             : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
+                                    "over the steps' wall time (data wait, upload, forward, backward, all-reduce, "
+                                    "clipping, optimizer and EMA; not validation, checkpoint saves or logging)",
+                                    peak_.flops / 1e12, peak_.source.c_str()));
+  if (rank_ != 0) return;
+  MetricsSink::Options mo;
+  mo.run_dir = cfg_.run.dir;
+  mo.keep_through_step = resumed_step;
+  mo.tensorboard = cfg_.log.tensorboard;
+  mo.total_steps = cfg_.train.max_steps;
+  mo.long_window_s = cfg_.log.long_window_s;
+  sink_ = std::make_unique<MetricsSink>(mo);
+  long_window_.sink = sink_.get();
+  if (long_window_.pending.is_object() && !long_window_.pending.empty()) sink_->load_window_state(long_window_.pending);
+  facts.command = command;
+  record_ = std::make_unique<RunRecord>(cfg_.run.dir, describe_run(facts));
+}
+
+void RunTelemetry::add_step(const TrainLog::Step& s) {
+  log_.add(s);
+  window_nonfinite_ |= !std::isfinite(s.loss);
+}
+
+// A window with a non-finite step logs loss NaN (null in the file; TrainLog counts it as 0).
+void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens) {
+  const auto t0 = clock::Steady::now();  // building the record counts as telemetry (record_ms_)
+  const auto w = log_.close();
+  const double loss = window_nonfinite_ ? std::nan("") : w.loss;
+  window_nonfinite_ = false;
+  if (rank_ != 0) return;
+  namespace r = records;
+  nlohmann::json rec = {{r::kKind, r::kTrain}, {r::kStep, f.step}, {r::kTime, unix_now()}, {r::kLoss, loss},
+                        {r::kLr, f.lr}, {r::kGradNorm, f.grad_norm}, {r::kTokensPerS, w.tokens_per_s},
+                        {r::kTokensPerSRank, w.tokens_per_s / world_}, {r::kStepMs, w.step_ms},
+                        {r::kDataWaitMs, w.wait_ms}, {r::kDataWaitPct, w.wait_pct}, {r::kMemMb, memory_mb(device_)},
+                        {r::kTokens, f.tokens}, {r::kEpoch, f.epoch}, {r::kBatchHash, hex64(f.batch_hash)}};
+  // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
+  // (start() says which); unknown without one.
+  rec[r::kMfuPct] = peak_.pct(w.flops_per_s);  // NaN (null) when unknown
+  if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
+  rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
+  source_tokens.close(rec);
+  record_ms_ += 1e3 * clock::seconds_since(t0);
+  sink_->write(std::move(rec));
+}
+
+void RunTelemetry::resume_record(int64_t step, const std::string& dir, double load_ms) {
+  if (!sink_) return;
+  sink_->write({{records::kKind, records::kResume}, {records::kStep, step}, {records::kCheckpointDir, dir},
+                {records::kTime, unix_now()}, {records::kRecoveryMs, 1e3 * clock::process_age_s()},
+                {records::kLoadMs, load_ms}});
+}
+
+void RunTelemetry::anomaly(AnomalyFacts f, const std::vector<data::Batch>& batches,
+                           const std::vector<data::Manifest>& sources) {
+  if (rank_ == 0) {
+    log::warn(strf("anomaly at step %lld: %s (action: %s)", (long long)f.step, f.reason.c_str(), f.action.c_str()));
+    sink_->write({{records::kKind, records::kAnomaly}, {records::kStep, f.step}, {records::kTime, unix_now()},
+                  {records::kReason, f.reason}, {records::kLoss, finite_or_null(f.loss)},
+                  {records::kGradNorm, finite_or_null(f.grad_norm)}, {records::kAction, f.action},
+                  {records::kBatchHash, hex64(f.batch_hash)}});
+  }
+  if (dumps_ >= cfg_.anomaly.max_dumps) return;
+  ++dumps_;
+  if (rank_ == 0) f.config = nlohmann::json::parse(to_json(cfg_));
+  write_anomaly_evidence(cfg_.run.dir, rank_, f, batches, sources);
+}
+
+void RunTelemetry::val_record(int64_t step, const std::string& data, const std::string& split, double loss,
+                              double ema_loss) {
+  if (rank_ != 0) return;
+  nlohmann::json rec = {{records::kKind, records::kVal}, {records::kStep, step}, {records::kValData, data},
+                        {records::kValSplit, split}, {records::kValLoss, loss}, {records::kTime, unix_now()}};
+  if (!std::isnan(ema_loss)) rec[records::kValLossEma] = ema_loss;
+  sink_->write(std::move(rec));
+}
+
+void RunTelemetry::save_record(const SaveFacts& s) {
+  if (rank_ != 0) return;
+  const double mbps = s.write_ms > 0 ? s.mb / (s.write_ms / 1e3) : 0;
+  log::info(strf("checkpoint %s: %.1f MB, blocked %.0f ms, written in %.0f ms (%.0f MB/s)%s", s.dir.c_str(), s.mb,
+                 s.block_ms, s.write_ms, mbps, s.async ? ", async" : ""));
+  sink_->write({{records::kKind, records::kCheckpoint}, {records::kStep, s.step}, {records::kTime, unix_now()},
+                {records::kDir, s.dir}, {records::kAsync, s.async}, {records::kCkptBlockMs, s.block_ms},
+                {records::kCkptWriteMs, s.write_ms}, {records::kCkptMb, s.mb}, {records::kCkptMbPerS, mbps},
+                {records::kCkptStealMs, s.steal_ms}});
+}
+
+TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wall_s, double val_loss) {
+  TrainSummary sum;
+  sum.steps = steps, sum.first_loss = log_.first_loss(), sum.last_loss = log_.last_loss();
+  sum.val_loss = val_loss, sum.wall_s = wall_s, sum.tokens_per_s = log_.tokens_per_s();
+  if (rank_ != 0) return sum;
+  const double pad_pct = log_.padding_pct();
+  const bool bucketed = cfg_.data.mode == "bucketed";
+  log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s", (long long)sum.steps,
+                 sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss, sum.tokens_per_s,
+                 bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
+  const double n = static_cast<double>(std::max<int64_t>(1, steps - start_step));
+  const double telemetry_ms = (record_ms_ + sink_->caller_ms()) / n;
+  namespace r = records;
+  nlohmann::json j{{r::kSteps, sum.steps}, {r::kFirstLoss, sum.first_loss}, {r::kLastLoss, sum.last_loss},
+                   {r::kValLoss, sum.val_loss}, {r::kTokensPerS, sum.tokens_per_s}, {r::kWallS, sum.wall_s},
+                   {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms},
+                   {r::kTelemetrySinkCpuMsPerStep, sink_->sink_cpu_ms() / n}};
+  if (bucketed) j[r::kPaddingPct] = pad_pct;
+  files::write_file_atomic(run_dir::summary(cfg_.run.dir), j.dump(2) + "\n");
+  return sum;
+}
+
+void RunTelemetry::finish(const std::string& status, int exit_code, const std::string& error) {
+  flush();
+  try {
+    if (record_) record_->finish(status, exit_code, error);
+  } catch (const Error& e) {  // e.g. the disk that failed the run: its error is the one to report
+    if (error.empty()) throw;
+    log::debug(std::string("meta.json not updated: ") + e.what());
+  }
+}
+
+}  // namespace lm

@@ -1,0 +1,104 @@
+// The run's records, built here so that the loop only says what happened: metrics.jsonl and
+// TensorBoard (the sink), meta.json, summary.json, the log's checkpoint and "done" lines, the MFU
+// against the device's peak and the CPU steal. Rank 0 writes them; every rank keeps the window
+// arithmetic (TrainLog, state key "metrics") and the sink's long window (state key "long_window").
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "trainer/config.h"
+#include "trainer/runtime/device.h"
+#include "trainer/stateful.h"
+#include "trainer/telemetry/anomaly.h"
+#include "trainer/telemetry/metrics.h"
+#include "trainer/telemetry/run_record.h"
+#include "trainer/telemetry/source_tokens.h"
+#include "trainer/telemetry/train_log.h"
+
+namespace lm {
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;  // mean loss of the first / last logging window
+  double val_loss = -1;                  // last validation loss; -1 when none ran
+  double tokens_per_s = 0;               // over all steps after the first
+  double wall_s = 0;
+};
+
+// A "train" record's facts besides the window's means.
+struct TrainFacts {
+  int64_t step = 0;
+  double lr = 0, grad_norm = 0;
+  int64_t tokens = 0, epoch = 0;
+  uint64_t batch_hash = 0;
+};
+
+// A finished checkpoint save, as the checkpointer reports it.
+struct SaveFacts {
+  int64_t step = 0;
+  std::string dir;
+  bool async = false;
+  double block_ms = 0, write_ms = 0, mb = 0, steal_ms = 0;
+};
+
+class RunTelemetry {
+ public:
+  RunTelemetry(const ExperimentConfig& cfg, int rank, int world, const torch::Device& device);
+
+  TrainLog& train_log() { return log_; }
+  Stateful& long_window() { return long_window_; }
+
+  // The MFU peak (the device's), the sink and meta.json (rank 0). resumed_step: the step a resume
+  // starts from (its metrics.jsonl is kept up to there), -1 for a fresh run.
+  void start(const std::string& command, RunFacts facts, int64_t resumed_step);
+  // One optimizer step's totals (every rank).
+  void add_step(const TrainLog::Step& s);
+  // Closes the logging window: a "train" record (rank 0).
+  void train_record(const TrainFacts& f, SourceTokens& source_tokens);
+  void resume_record(int64_t step, const std::string& dir, double load_ms);
+  // An anomalous step: an "anomaly" record (rank 0) and, for the first anomaly.max_dumps of them,
+  // its evidence (the batches and their provenance, anomaly.h). f.config is filled in here.
+  void anomaly(AnomalyFacts f, const std::vector<data::Batch>& batches, const std::vector<data::Manifest>& sources);
+  void val_record(int64_t step, const std::string& data, const std::string& split, double loss, double ema_loss);
+  void save_record(const SaveFacts& s);
+  // The sink's first write error since the last call ("" when none).
+  std::string take_error() { return sink_ ? sink_->take_error() : ""; }
+  void flush() {
+    if (sink_) sink_->flush();
+  }
+  // The run's totals: logged and written to summary.json (rank 0).
+  TrainSummary summary(int64_t steps, int64_t start_step, double wall_s, double val_loss);
+  // meta.json's final status ("completed", "stopped", "failed").
+  void finish(const std::string& status, int exit_code, const std::string& error);
+
+ private:
+  // The sink's long window: restored before the sink exists, handed to it at start().
+  struct LongWindow : Stateful {
+    MetricsSink* sink = nullptr;
+    nlohmann::json pending;
+    ComponentState state() const override { return {sink ? sink->window_state() : nlohmann::json::object(), {}}; }
+    void load_state(const ComponentState* st) override { pending = st ? st->values : nlohmann::json(); }
+  };
+
+  const ExperimentConfig& cfg_;
+  int rank_, world_;
+  torch::Device device_;
+  TrainLog log_;
+  LongWindow long_window_;
+  MfuPeak peak_;
+  clock::StealMeter steal_;  // cpu_steal_pct of the train records (rank 0)
+  std::unique_ptr<MetricsSink> sink_;  // rank 0
+  std::unique_ptr<RunRecord> record_;  // rank 0
+  double record_ms_ = 0;               // rank 0 building train records (telemetry's own cost)
+  bool window_nonfinite_ = false;      // a step of the open window was non-finite
+  int64_t dumps_ = 0;                  // anomaly evidence directories written
+};
+
+}  // namespace lm
