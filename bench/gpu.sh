@@ -11,7 +11,7 @@
 #            follows the uninterrupted one (same pinned cosine schedule); step results read one step
 #            late (anomaly.spike_factor=0) follow a run that reads them at once; one rank with an
 #            NCCL process group (dist.backend=nccl at world size 1: the all-reduce path runs)
-#   tests    torch_tests' CUDA cases (fused AdamW vs CPU) and the TensorBoard Python cross-check
+#   tests    trainer_tests' and models_tests' CUDA cases (fused AdamW vs CPU) and the TensorBoard Python cross-check
 # Every result lands in $OUT/gpu_results.tar.gz (written to a temporary name and renamed after each
 # phase, so a run cut short still returns a whole archive); result.json sums it up and is printed. Exit 1 when the build or
 # the smoke failed.
@@ -130,9 +130,10 @@ rm -rf runs/gpu_smoke_*
 pack
 
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  log "tests: torch_tests OptimCuda.*, tensorboard_tests *Python*"
-  if run 150 tests_build env NINJA_JOBS=16 TARGETS="torch_tests tensorboard_tests" bash launch/gpu-build.sh; then
-    run 60 torch_tests $B/torch_tests --gtest_filter='OptimCuda.*:Optim.*:Device.*'
+  log "tests: trainer_tests and models_tests OptimCuda.*, Optim.*, Device.*; tensorboard_tests *Python*"
+  if run 150 tests_build env NINJA_JOBS=16 TARGETS="trainer_tests models_tests tensorboard_tests" bash launch/gpu-build.sh; then
+    run 60 trainer_tests $B/trainer_tests --gtest_filter='OptimCuda.*:Optim.*:Device.*'
+    run 60 models_tests $B/models_tests --gtest_filter='Optim.*'
     run 60 tensorboard_tests $B/tensorboard_tests --gtest_filter='*Python*'
   fi
   pack

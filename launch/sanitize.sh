@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sanitizer builds of the project and their test runs (see "What survives what" in README.md).
 #
-#   bash launch/sanitize.sh            ASan+UBSan -> build-asan/: the torch-free suites (base_tests:
-#                                      config, files, shards, loader, prep; tensorboard_tests;
-#                                      report_tests) and the tools they run (prep, report). CI runs it.
+#   bash launch/sanitize.sh            ASan+UBSan -> build-asan/: the torch-free suites (common_tests,
+#                                      data_tests: shards, loader, prep; config_tests;
+#                                      tensorboard_tests; report_tests) and the tools they run (prep,
+#                                      report). CI runs it.
 #   bash launch/sanitize.sh thread     TSan -> build-tsan/: the threads (loader workers, metrics sink,
 #                                      async checkpoint writer, launcher) through their suites.
 #
@@ -18,12 +19,12 @@ SUPP=$PWD/tests/sanitizers
 case "$MODE" in
   address)
     BUILD_DIR=build-asan SAN=address,undefined
-    TARGETS=(base_tests tensorboard_tests report_tests prep report)
+    TARGETS=(common_tests data_tests config_tests tensorboard_tests report_tests prep report)
     ;;
   thread)
     BUILD_DIR=build-tsan SAN=thread
-    # TSAN_TARGETS="base_tests": the loader workers alone (torch-free, a short build)
-    read -r -a TARGETS <<< "${TSAN_TARGETS:-base_tests torch_tests launch_tests}"
+    # TSAN_TARGETS="data_tests": the loader workers alone (torch-free, a short build)
+    read -r -a TARGETS <<< "${TSAN_TARGETS:-common_tests data_tests config_tests models_tests trainer_tests launch_tests}"
     ;;
   *) echo "usage: launch/sanitize.sh [address|thread] [ctest args...]" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@
 #include <limits>
 #include <tuple>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "models/cpu_kernels.h"
 #include "models/lm.h"
 

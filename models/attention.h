@@ -1,5 +1,5 @@
 // The attention shim the models need: causal self-attention over (B, H, T, hd) heads, on the
-// fastest kernel this LibTorch offers (see common/compat.h for the version switch).
+// fastest kernel this LibTorch offers (see common/torch/compat.h for the version switch).
 #pragma once
 
 #include <torch/torch.h>

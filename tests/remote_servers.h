@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/files.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 namespace lm::test {
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/remote/store.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "common/checksum.h"
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "models/registry.h"
 
 namespace lm {

@@ -14,7 +14,7 @@
 #include "common/build_info.h"
 #include "common/checksum.h"
 #include "common/clock.h"
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/dir_lock.h"
 #include "common/errors.h"
 #include "common/files.h"
@@ -30,6 +30,7 @@
 #include "trainer/dist/step_stats.h"
 #include "trainer/evaluate.h"
 #include "trainer/memory_check.h"
+#include "trainer/model_parts.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
@@ -101,21 +102,21 @@ class Trainer {
     register_state();
     if (!resume_.dir.empty()) restore();
     if (comm_) {
-      comm_->broadcast(flat_->params(), 0, "broadcast of the initial parameters");
-      grad_sync_ = std::make_unique<GradSync>(*comm_, *flat_, *model_, cfg.dist.bucket_mb);
+      comm_->broadcast(m_.flat->params(), 0, "broadcast of the initial parameters");
+      grad_sync_ = std::make_unique<GradSync>(*comm_, *m_.flat, *m_.model, cfg.dist.bucket_mb);
       log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm_->backend().c_str(),
                      grad_sync_->num_buckets(), cfg.dist.bucket_mb));
     }
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
-        &cfg_, model_, flat_.get(), loader_.get(), source_tokens_.get(), comm_.get(), grad_sync_.get(), device_, world_, vocab_});
+        &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), grad_sync_.get(), device_, world_, vocab_});
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_);
-    deferred_ = opt_->fused() && world_ == 1 &&
+    deferred_ = m_.opt->fused() && world_ == 1 &&
                 (cfg.anomaly.action == "continue" || (cfg.anomaly.action == "skip" && cfg.anomaly.spike_factor <= 0));
     if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
     const GpuInfo gpu = gpu_info(device_);
     if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
     telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_), gpu,
-                               world_, launch_.source, params_, flops_per_token_},
+                               world_, launch_.source, m_.params, m_.flops_per_token},
                      resume_.dir.empty() ? -1 : progress_.step);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
     ckpt_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
@@ -126,7 +127,7 @@ class Trainer {
     const auto t_start = Clock::now();
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
-    model_->train();
+    m_.model->train();
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return summary(t_start);
@@ -143,7 +144,7 @@ class Trainer {
     telemetry_.flush();
     log_saves();
     if (rank_ == 0)
-      save_safetensors(run_dir::weights(cfg_.run.dir), module_tensors(*model_),
+      save_safetensors(run_dir::weights(cfg_.run.dir), module_tensors(*m_.model),
                        {{"format", "pt"}, {"arch", cfg_.model.arch}, {"step", std::to_string(progress_.step)}});
     return summary(t_start);
   }
@@ -189,21 +190,7 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     set_intra_op_threads(cfg_.train.threads, device_);
-    const auto seed = static_cast<uint64_t>(cfg_.run.seed);
-    rng_.seed_shared(seed);  // identical init on every rank
-    model_ = lm::build_model(cfg_.model, vocab_);
-    init_from_hf(*model_, cfg_.model.init_from);  // model.init_from, when set
-    model_->to(device_);
-    flat_ = std::make_unique<FlatParams>(*model_);
-    opt_ = std::make_unique<AdamW>(*flat_, cfg_.optim);
-    if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(*flat_, cfg_.train.ema_decay);
-    rng_.seed_rank(seed, rank_);  // each rank's own dropout stream
-    params_ = model_->num_params();
-    flops_per_token_ = flops_per_token(cfg_.model, vocab_, cfg_.model.seq_len);
-    log::info(strf("model: %s, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token at T=%lld (%s)",
-                   cfg_.model.arch.c_str(), (long long)params_, params_ / 1e6, (long long)vocab_,
-                   (long long)data_vocab_, flops_per_token_, (long long)cfg_.model.seq_len,
-                   flops_formula(cfg_.model).c_str()));
+    m_ = build_model_parts(cfg_, vocab_, data_vocab_, device_, rng_, rank_);
     log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s, %s mode, %lld samples/epoch",
                    data_.sources[0].dir.c_str(), (unsigned long long)data_.sources[0].split_tokens("train"),
                    data_.sources[0].data_version.c_str(), data_.tokenizer().kind.c_str(), cfg_.data.mode.c_str(),
@@ -217,14 +204,14 @@ class Trainer {
   void register_state() {
     using S = StateRegistry::Scope;
     namespace k = state_key;
-    model_state_ = std::make_unique<ModuleState>(*model_, resume_.dir + "/model.safetensors");
+    model_state_ = std::make_unique<ModuleState>(*m_.model, resume_.dir + "/model.safetensors");
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
-    opt_->set_fence(ckpt_.get());
+    m_.opt->set_fence(ckpt_.get());
     state_.add(k::kModel, S::kReplicated, *model_state_);
-    state_.add(k::kOptimizer, S::kReplicated, *opt_);
-    if (ema_) {
-      ema_->set_fence(ckpt_.get());
-      state_.add(k::kEma, S::kReplicated, *ema_, /*optional=*/true);
+    state_.add(k::kOptimizer, S::kReplicated, *m_.opt);
+    if (m_.ema) {
+      m_.ema->set_fence(ckpt_.get());
+      state_.add(k::kEma, S::kReplicated, *m_.ema, /*optional=*/true);
     }
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
@@ -265,8 +252,8 @@ class Trainer {
     s->step = progress_.step + 1, s->lr = schedule_.at(progress_.step);
     if (deferred_) {  // the update and the EMA gated on the device: nothing waits for the host
       const auto found_inf = stats.isfinite().all().logical_not().to(torch::kFloat);
-      opt_->step(s->lr, found_inf);
-      if (ema_) ema_->update(found_inf);
+      m_.opt->step(s->lr, found_inf);
+      if (m_.ema) m_.ema->update(found_inf);
     }
     s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
     if (auto prev = std::move(pending_)) read_step(*prev, prev->kept);  // done, or nearly, by now
@@ -302,8 +289,8 @@ class Trainer {
                           {recent.begin(), recent.end()}, {}}, batches, data_.sources);
     }
     if (!deferred_ && (anomaly.empty() || (cfg_.anomaly.action == "continue" && std::isfinite(all.loss) && std::isfinite(gnorm)))) {
-      opt_->step(s.lr);
-      if (ema_) ema_->update();
+      m_.opt->step(s.lr);
+      if (m_.ema) m_.ema->update();
     }
     if (progress_.step < s.step) profiler_->after_step(++progress_.step);  // read at once: counted here
     record_step(s.step, all, s.seconds >= 0 ? s.seconds : seconds_since(s.t0), s.lr, gnorm, s.mine.flops);
@@ -344,8 +331,8 @@ class Trainer {
 
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA).
   void evaluate() {
-    const double loss = eval_->mean_loss(model_, comm_.get());
-    const double ema_loss = ema_ ? ema_->with_weights([&] { return eval_->mean_loss(model_, comm_.get()); }) : std::nan("");
+    const double loss = eval_->mean_loss(m_.model, comm_.get());
+    const double ema_loss = m_.ema ? m_.ema->with_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); }) : std::nan("");
     val_loss_ = loss;
     telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
   }
@@ -388,13 +375,8 @@ class Trainer {
   std::unique_ptr<SourceTokens> source_tokens_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<Evaluator> eval_;
-  int64_t data_vocab_ = 0, vocab_ = 0, params_ = 0;
-  double flops_per_token_ = 0;
-  // Model, optimizer and their state.
-  LM model_{nullptr};
-  std::unique_ptr<FlatParams> flat_;
-  std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<Ema> ema_;
+  int64_t data_vocab_ = 0, vocab_ = 0;
+  ModelParts m_;  // model, flat parameters, AdamW, EMA
   RngStreams rng_;
   AnomalyDetector detector_;
   Progress progress_;

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"

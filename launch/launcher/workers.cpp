@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "common/clock.h"
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
 

@@ -10,7 +10,7 @@
 
 #include <cstdlib>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 
 namespace lm {

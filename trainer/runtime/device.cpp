@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/process.h"

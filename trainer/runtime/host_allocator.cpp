@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 
 namespace lm {
 namespace {

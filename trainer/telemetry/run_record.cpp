@@ -17,7 +17,7 @@
 #include "data/loader/loader.h"
 
 #include "common/build_info.h"
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/process.h"

@@ -13,8 +13,8 @@
 #include "data/loader/val_reader.h"
 #include "data/remote/cache_dir.h"
 #include "data/remote/store.h"
-#include "remote_servers.h"
-#include "testutil.h"
+#include "tests/remote_servers.h"
+#include "tests/testutil.h"
 
 namespace lm {
 namespace {

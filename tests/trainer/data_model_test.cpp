@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "testutil.h"
+#include "tests/testutil.h"
 
 namespace lm {
 namespace {

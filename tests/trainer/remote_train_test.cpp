@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "remote_servers.h"
-#include "testutil.h"
+#include "tests/remote_servers.h"
+#include "tests/testutil.h"
 #include "trainer/run_dir.h"
 
 namespace lm {

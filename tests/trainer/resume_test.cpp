@@ -12,7 +12,7 @@
 #include <fstream>
 #include <map>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"

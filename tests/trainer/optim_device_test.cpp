@@ -6,7 +6,7 @@
 #include <cmath>
 #include <torch/torch.h>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "tests/testutil.h"
 #include "models/gpt.h"
 #include "trainer/optim/adamw.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "models/attention.h"
 #include "models/build.h"
 #include "models/cpu_kernels.h"

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <map>
 
-#include "common/compat.h"
+#include "common/torch/compat.h"
 #include "models/attention.h"
 #include "models/cpu_kernels.h"
 #include "models/gpt.h"

@@ -10,8 +10,8 @@
 #include <random>
 #include <string>
 
-#include "remote_servers.h"  // count_in
-#include "testutil.h"
+#include "tests/remote_servers.h"  // count_in
+#include "tests/testutil.h"
 #include "trainer/run_dir.h"
 
 namespace lm {

@@ -1,0 +1,32 @@
+// The model and what updates it (see model_parts.h).
+#include "trainer/model_parts.h"
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "models/build.h"
+#include "models/registry.h"
+#include "trainer/checkpoint/hf_dir.h"
+
+namespace lm {
+
+ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
+                             RngStreams& rng, int rank) {
+  const auto seed = static_cast<uint64_t>(cfg.run.seed);
+  ModelParts m;
+  rng.seed_shared(seed);  // identical init on every rank
+  m.model = build_model(cfg.model, vocab);
+  init_from_hf(*m.model, cfg.model.init_from);  // model.init_from, when set
+  m.model->to(device);
+  m.flat = std::make_unique<FlatParams>(*m.model);
+  m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim);
+  if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
+  rng.seed_rank(seed, rank);  // each rank's own dropout stream
+  m.params = m.model->num_params();
+  m.flops_per_token = flops_per_token(cfg.model, vocab, cfg.model.seq_len);
+  log::info(strf("model: %s, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token at T=%lld (%s)",
+                 cfg.model.arch.c_str(), (long long)m.params, m.params / 1e6, (long long)vocab, (long long)data_vocab,
+                 m.flops_per_token, (long long)cfg.model.seq_len, flops_formula(cfg.model).c_str()));
+  return m;
+}
+
+}  // namespace lm

@@ -1,0 +1,33 @@
+// The model and what updates it, built as one: the module of model.arch (model.init_from applied,
+// on the device), its parameters in one flat buffer, AdamW over it, and the EMA when
+// train.ema_decay > 0. Built from the shared seed, so every rank starts from the same weights; each
+// rank's own dropout stream is seeded after.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "models/lm.h"
+#include "trainer/config.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/ema.h"
+#include "trainer/runtime/rng.h"
+
+namespace lm {
+
+struct ModelParts {
+  LM model{nullptr};
+  std::unique_ptr<FlatParams> flat;
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Ema> ema;  // null when train.ema_decay is 0
+  int64_t params = 0;
+  double flops_per_token = 0;  // at model.seq_len (models/registry.h)
+};
+
+// vocab: the padded vocabulary; data_vocab: the data's (for the log line).
+ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
+                             RngStreams& rng, int rank);
+
+}  // namespace lm
