@@ -35,7 +35,7 @@ using Where = std::string;
 struct Field {
   std::string key;
   std::string doc;
-  // Parses a scalar (or sequence) node into the bound member; throws std::string on bad value.
+  // Parses a scalar (or sequence) node into the bound member; throws BadValue on a bad value.
   std::function<void(const YAML::Node&)> set;
   // The current value as YAML text.
   std::function<std::string()> get;
@@ -82,7 +82,7 @@ class Schema {
       int64_t v;
       try {
         v = parse_int(n);
-      } catch (const std::string&) {
+      } catch (const BadValue&) {
         bad("expected an integer or auto, got '" + scalar_of(n) + "'");
       }
       if (v < lo) bad("must be >= " + std::to_string(lo) + " or auto, got " + std::to_string(v));
@@ -315,8 +315,8 @@ void apply(const Schema& s, const std::string& where, const std::string& key, co
   if (!f) unknown_key(s, where, key);
   try {
     f->set(n);
-  } catch (const std::string& msg) {
-    throw ConfigError(where + ": key '" + key + "': " + msg);
+  } catch (const BadValue& e) {
+    throw ConfigError(where + ": key '" + key + "': " + e.what());
   }
   if (origins) (*origins)[key] = where;
 }

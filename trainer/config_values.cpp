@@ -33,8 +33,8 @@ void each_key(size_t i, const YAML::Node& item, const std::vector<std::string>& 
     }
     try {
       on(k, it->second);
-    } catch (const std::string& msg) {
-      bad(entry_where(i, item) + ": '" + k + "': " + msg);
+    } catch (const BadValue& e) {
+      bad(entry_where(i, item) + ": '" + k + "': " + e.what());
     }
   }
 }

@@ -1,11 +1,12 @@
 // The config loader's value parsers and printers (internal to trainer/config.cpp): YAML scalars to
 // typed values, values back to the shortest YAML text, and the structured data.sources /
-// data.stages lists. Each throws std::string (the message; the caller adds where it came from).
+// data.stages lists. Each throws BadValue (the message; the caller adds where it came from).
 #pragma once
 
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,12 @@
 
 namespace lm::config_values {
 
-[[noreturn]] inline void bad(const std::string& msg) { throw msg; }
+// A bad value's message; the config loader adds where it came from (the key, FILE:LINE or the
+// override) and throws the ConfigError the user sees.
+struct BadValue : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] inline void bad(const std::string& msg) { throw BadValue(msg); }
 
 std::string scalar_of(const YAML::Node& n);  // a single, UTF-8 value
 int64_t parse_int(const YAML::Node& n);      // also integral floats written as 1e3

@@ -8,7 +8,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/remote/store.h"
-#include "trainer/dist/process_group.h"
+#include "trainer/ddp/process_group.h"
 
 namespace lm {
 
@@ -37,7 +37,7 @@ std::unique_ptr<Evaluator> Evaluator::create(const ExperimentConfig& cfg, const 
 Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::string& split,
                      const torch::Device& device, int rank, int world)
     : cfg_(cfg), manifest_(std::move(m)), split_(split), device_(device), rank_(rank), world_(world),
-      bf16_(cfg.train.dtype == "bf16") {
+      bf16_(cfg.train.bf16()) {
   reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len, cfg.data.verify == "full");
 }
 

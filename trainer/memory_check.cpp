@@ -15,7 +15,7 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
   MemoryEstimate e;
   e.params = 4 * n;
   e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
-  const double value_bytes = cfg.train.dtype == "bf16" ? 2 : 4;
+  const double value_bytes = cfg.train.bf16() ? 2 : 4;
   e.activations = L * B * T * d * (34 + 5 * H * T / d) * value_bytes + 3 * B * T * V * 4;
   if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
   return e;

@@ -11,7 +11,7 @@
 namespace lm {
 
 ForwardBackward::ForwardBackward(Parts p)
-    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.cfg->train.dtype == "bf16"),
+    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.cfg->train.bf16()),
       fault_nan_step_(std::getenv("LM_FAULT_NAN_STEP") ? std::atoll(std::getenv("LM_FAULT_NAN_STEP")) : 0) {}
 
 RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats) {
@@ -34,7 +34,7 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     hashes.push_back(batches[m].hash);
   }
   mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
-  const double global_targets = global_target_tokens(mine.targets, cfg.data.mode == "packed", p_.comm, p_.world);
+  const double global_targets = global_target_tokens(mine.targets, !cfg.data.bucketed(), p_.comm, p_.world);
   p_.flat->zero_grad();
   const auto on_device = torch::TensorOptions().device(p_.device);
   torch::Tensor loss_sum = torch::zeros({}, on_device);

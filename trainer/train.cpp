@@ -25,9 +25,9 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/hf_dir.h"
 #include "trainer/checkpoint/state.h"
-#include "trainer/dist/grad_sync.h"
-#include "trainer/dist/launch_env.h"
-#include "trainer/dist/step_stats.h"
+#include "trainer/ddp/grad_sync.h"
+#include "trainer/ddp/launch_env.h"
+#include "trainer/ddp/step_stats.h"
 #include "trainer/evaluate.h"
 #include "trainer/memory_check.h"
 #include "trainer/model_parts.h"
@@ -171,7 +171,7 @@ class Trainer {
     progress_.loader = loader_.get();
     eval_ = Evaluator::create(cfg_, data_.val_source(), device_, rank_, world_);
     vocab_ = padded_vocab(cfg_.model, data_vocab_);
-    if (cfg_.train.dtype == "bf16" && !device_.is_cuda() && !compat::kHasCpuAutocast)
+    if (cfg_.train.bf16() && !device_.is_cuda() && !compat::kHasCpuAutocast)
       throw ConfigError("key 'train.dtype': bf16 autocast on the CPU needs LibTorch >= 2.4 (this is " +
                         compat::torch_version() + "; train.device=" + cfg_.train.device + ")");
   }

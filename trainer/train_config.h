@@ -21,6 +21,7 @@ struct TrainConfig {
   std::string device = "auto";    // auto | cpu | cuda
   double ema_decay = 0.0;         // EMA of the weights, updated every step; 0 = off
   std::string dtype = "fp32";     // fp32 | bf16 (CUDA autocast; fp32 master weights and optimizer state)
+  bool bf16() const { return dtype == "bf16"; }  // the one comparison of the choice
 };
 
 struct LogConfig {

@@ -93,6 +93,9 @@ struct DataConfig {
   int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this (>= seq_len)
   std::string verify = "lazy";       // shard checksums: lazy (first open) | full (all at start)
   bool reuse_batch = false;          // benchmark only: every step re-trains the first batches (no reading)
+  // The choices as the code asks them (the one place their strings are compared).
+  bool bucketed() const { return mode == "bucketed"; }
+  bool split_long_docs() const { return long_docs == "split"; }
 
   // Remote datasets (data/remote/store.h): the local cache and the fault tolerance.
   std::string cache_dir = ".cache/shards";  // shared by every run that names it
@@ -203,7 +206,7 @@ inline void validate(const DataConfig& c, int64_t seq_len) {
   validate_mixture(c);
   const bool raw = !c.text.empty() || std::any_of(c.sources.begin(), c.sources.end(), [](const SourceConfig& s) { return !s.text.empty(); });
   if (!c.text.empty() && !c.sources.empty()) fail("text", "with data.sources, set text on each source instead");
-  if (raw && c.mode == "bucketed") fail("mode", "bucketed is not supported with raw text sources yet (use packed)");
+  if (raw && c.bucketed()) fail("mode", "bucketed is not supported with raw text sources yet (use packed)");
   if (raw && c.tokenizer.empty()) fail("tokenizer", "must name bytes or a sentencepiece .model for raw text");
   if (!(c.val_fraction >= 0 && c.val_fraction <= 1)) fail("val_fraction", "must be in [0, 1], got " + std::to_string(c.val_fraction));
   range("split_seed", c.split_seed, 0, -1);
@@ -211,7 +214,7 @@ inline void validate(const DataConfig& c, int64_t seq_len) {
   range("remote_ahead", c.remote_ahead, 0, 1024);
   if (!(c.remote_timeout_s > 0)) fail("remote_timeout_s", "must be > 0, got " + std::to_string(c.remote_timeout_s));
   if (c.cache_dir.empty()) fail("cache_dir", "must not be empty");
-  if (c.mode == "bucketed" && c.token_budget > 0 && c.token_budget < seq_len)
+  if (c.bucketed() && c.token_budget > 0 && c.token_budget < seq_len)
     fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
                              std::to_string(c.token_budget));
 }

@@ -46,12 +46,12 @@ struct Loader::Impl {
   void open(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len) {
     sets.push_back(std::make_unique<ShardSet>(
         m, split, c.verify == "full",
-        [&](const ShardReader& s) { return stream_units(s, c.mode == "bucketed", c.long_docs == "split", seq_len); },
-        c.mode == "bucketed" ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }));
+        [&](const ShardReader& s) { return stream_units(s, c.bucketed(), c.split_long_docs(), seq_len); },
+        c.bucketed() ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }));
   }
   // Remote datasets: a shuffle block's stretch of the stream (packed: its windows) and what follows.
   void plan_ahead(const DataConfig& c, int64_t seq_len, uint64_t shuffle_block) {
-    const uint64_t block = shuffle_block * static_cast<uint64_t>(c.mode == "bucketed" ? 1 : seq_len) + 1;
+    const uint64_t block = shuffle_block * static_cast<uint64_t>(c.bucketed() ? 1 : seq_len) + 1;
     for (auto& s : sets)
       s->plan_ahead(s->max_span(block), static_cast<size_t>(c.remote_ahead), static_cast<size_t>(c.workers) + 1);
   }

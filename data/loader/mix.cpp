@@ -61,7 +61,7 @@ MixState MixState::from_json(const std::string& text) {
 
 MixPlanner::MixPlanner(const DataConfig& c, const std::vector<MixSource>& sources, const std::string& tokenizer_hash,
                        int64_t seq_len, int64_t micro_batch, int rank, int world, uint64_t seed, int64_t micro_per_step)
-    : c_(c), bucketed_(c.mode == "bucketed"), T_(seq_len), B_(micro_batch), accum_(std::max<int64_t>(1, micro_per_step)),
+    : c_(c), bucketed_(c.bucketed()), T_(seq_len), B_(micro_batch), accum_(std::max<int64_t>(1, micro_per_step)),
       rank_(rank), world_(world) {
   st_.tokenizer = tokenizer_hash;
   for (size_t i = 0; i < sources.size(); ++i) {

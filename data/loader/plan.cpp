@@ -65,7 +65,7 @@ int64_t padded(int64_t len, int64_t multiple, int64_t seq_len) {
 
 Planner::Planner(const DataConfig& c, const ShardSet& set, int64_t seq_len, int64_t micro_batch, int rank, int world,
                  uint64_t seed)
-    : set_(set), bucketed_(c.mode == "bucketed"), split_docs_(c.long_docs == "split"), shuffle_(c.shuffle),
+    : set_(set), bucketed_(c.bucketed()), split_docs_(c.split_long_docs()), shuffle_(c.shuffle),
       T_(seq_len), B_(micro_batch), rank_(rank), world_(world), seed_(seed), shards_(set) {
   uint64_t units = 0;
   for (size_t i = 0; i < set.size(); ++i) units += set.units(i);

@@ -35,7 +35,7 @@ Fingerprint make_fingerprint(const DataConfig& c, const std::string& data_versio
                    {"mode", c.mode},                    {"seq_len", std::to_string(seq_len)},
                    {"seed", std::to_string(seed)},      {"shuffle", c.shuffle ? "true" : "false"},
                    {"shuffle_buffer", std::to_string(shuffle_block)}};
-  if (c.mode == "bucketed") f.emplace_back("long_docs", c.long_docs);
+  if (c.bucketed()) f.emplace_back("long_docs", c.long_docs);
   return f;
 }
 

@@ -16,7 +16,7 @@ namespace lm::data {
 
 Workers::Workers(const DataConfig& c, std::vector<const ShardSet*> sets, BatchPlanner& planner, int64_t seq_len,
                  uint32_t eos, uint32_t pad, uint32_t vocab)
-    : sets_(std::move(sets)), planner_(planner), bucketed_(c.mode == "bucketed"), T_(seq_len), threads_(c.workers),
+    : sets_(std::move(sets)), planner_(planner), bucketed_(c.bucketed()), T_(seq_len), threads_(c.workers),
       prefetch_(c.prefetch), pad_multiple_(c.pad_multiple), eos_(eos), pad_(pad), vocab_(vocab) {}
 
 Workers::~Workers() { stop(); }

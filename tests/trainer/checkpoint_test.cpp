@@ -214,7 +214,7 @@ TEST(Checkpoint, AsyncPrepareFaultsTheStagingBufferInAheadOfTheFirstSave) {
   const double before = rss_mb();
   ck.prepare(st);
   double grown = 0;
-  for (int i = 0; i < 200 && grown < 60; ++i) {
+  for (int i = 0; i < 1200 && grown < 60; ++i) {  // up to 30 s: the faulting thread runs at idle priority
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
     grown = rss_mb() - before;
   }

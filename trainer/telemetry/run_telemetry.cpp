@@ -60,7 +60,7 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
   // (start() says which); unknown without one.
   rec[r::kMfuPct] = peak_.pct(w.flops_per_s);  // NaN (null) when unknown
-  if (cfg_.data.mode == "bucketed") rec[r::kPaddingPct] = w.padding_pct;
+  if (cfg_.data.bucketed()) rec[r::kPaddingPct] = w.padding_pct;
   rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
   source_tokens.close(rec);
   record_ms_ += 1e3 * clock::seconds_since(t0);
@@ -115,7 +115,7 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   sum.val_loss = val_loss, sum.wall_s = wall_s, sum.tokens_per_s = log_.tokens_per_s();
   if (rank_ != 0) return sum;
   const double pad_pct = log_.padding_pct();
-  const bool bucketed = cfg_.data.mode == "bucketed";
+  const bool bucketed = cfg_.data.bucketed();
   log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s", (long long)sum.steps,
                  sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss, sum.tokens_per_s,
                  bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "trainer/dist/dist_config.h"
-#include "trainer/dist/launch_env.h"
+#include "trainer/ddp/dist_config.h"
+#include "trainer/ddp/launch_env.h"
 
 namespace lm {
 

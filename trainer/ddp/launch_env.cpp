@@ -1,5 +1,5 @@
 // The launch contract (see launch_env.h).
-#include "trainer/dist/launch_env.h"
+#include "trainer/ddp/launch_env.h"
 
 #include <cstdlib>
 #include <string>

@@ -1,5 +1,5 @@
 // Bucketed gradient all-reduce (see grad_sync.h).
-#include "trainer/dist/grad_sync.h"
+#include "trainer/ddp/grad_sync.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/dist/process_group.h"
+#include "trainer/ddp/process_group.h"
 
 namespace lm {
 
