@@ -151,7 +151,6 @@ class Trainer {
 
   // After run() or a failure: meta.json's final status, a GPU snapshot on failure.
   void finish(int exit_code, const std::string& error) {
-    telemetry_.flush();
     if (!error.empty() && device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "failure", rank_);
     telemetry_.finish(!error.empty() ? "failed" : stopped_ ? "stopped" : "completed", exit_code, error);
   }

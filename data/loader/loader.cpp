@@ -115,13 +115,17 @@ LoaderState Loader::state() const {
 void Loader::rewind_to(uint64_t batches) { impl_->workers->rewind_to(batches); }
 
 void Loader::load_state(const LoaderState& s, bool force) {
-  const auto& ours = impl_->fingerprint;
-  auto theirs = std::find_if(s.fingerprint.begin(), s.fingerprint.end(), [](const auto& kv) { return kv.first == "data_version"; });
-  if (force && ours.at(0).second != "mixture" && theirs != s.fingerprint.end() && theirs->second != ours.at(0).second) {
+  auto version = [](const Fingerprint& f) {
+    auto it = std::find_if(f.begin(), f.end(), [](const auto& kv) { return kv.first == "data_version"; });
+    return it == f.end() ? std::string() : it->second;
+  };
+  const std::string ours = version(impl_->fingerprint), theirs = version(s.fingerprint);
+  // One stream over other data (checkpoint.force): it starts afresh; a mixture forces per source (mix.h).
+  if (force && ours != "mixture" && !theirs.empty() && theirs != ours) {
     log::warn("other data than the checkpoint's (checkpoint.force): the data order starts from the beginning");
     return;
   }
-  check_resumable(s, ours);
+  check_resumable(s, impl_->fingerprint);
   impl_->workers->stop();
   impl_->planner->restart(s, force);
   impl_->workers->start(s.batches, s.cursor, impl_->planner->mix_state());
