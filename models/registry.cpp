@@ -50,6 +50,9 @@ void validate_model(const ModelConfig& c) {
 }
 
 int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab) {
+  if (c.vocab_size > 0 && c.vocab_size < data_vocab)
+    bad_model_key("vocab_size", std::to_string(c.vocab_size) + " is smaller than the data's vocabulary (" +
+                                    std::to_string(data_vocab) + ")");
   int64_t v = c.vocab_size > 0 ? c.vocab_size : data_vocab;
   return (v + c.vocab_multiple - 1) / c.vocab_multiple * c.vocab_multiple;
 }

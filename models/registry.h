@@ -21,6 +21,7 @@ bool arch_uses_key(const std::string& arch, const std::string& leaf);
 void validate_model(const ModelConfig& c);
 
 // vocab rounded up to a multiple of c.vocab_multiple (c.vocab_size when set, else data_vocab).
+// Throws ConfigError when model.vocab_size is set below data_vocab.
 int64_t padded_vocab(const ModelConfig& c, int64_t data_vocab);
 // llama: key/value heads (n_kv_head, or n_head when 0).
 int64_t kv_heads(const ModelConfig& c);

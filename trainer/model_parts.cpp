@@ -6,6 +6,7 @@
 #include "models/build.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/hf_dir.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
 
@@ -27,6 +28,10 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                  cfg.model.arch.c_str(), (long long)m.params, m.params / 1e6, (long long)vocab, (long long)data_vocab,
                  m.flops_per_token, (long long)cfg.model.seq_len, flops_formula(cfg.model).c_str()));
   return m;
+}
+
+void ModelParts::save_weights(const std::string& path, const std::string& arch, int64_t step) const {
+  save_safetensors(path, module_tensors(*model), {{"format", "pt"}, {"arch", arch}, {"step", std::to_string(step)}});
 }
 
 }  // namespace lm

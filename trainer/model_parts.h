@@ -24,6 +24,14 @@ struct ModelParts {
   std::unique_ptr<Ema> ema;  // null when train.ema_decay is 0
   int64_t params = 0;
   double flops_per_token = 0;  // at model.seq_len (models/registry.h)
+
+  // What the optimizer and the EMA ask before they write what a snapshot may still be copying.
+  void set_fence(WriteFence* f) {
+    opt->set_fence(f);
+    if (ema) ema->set_fence(f);
+  }
+  // The final weights (safetensors, format "pt", with the architecture and the step).
+  void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
 };
 
 // vocab: the padded vocabulary; data_vocab: the data's (for the log line).

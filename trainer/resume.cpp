@@ -1,6 +1,7 @@
 // The resume protocol (see resume.h).
 #include "trainer/resume.h"
 
+#include "common/build_info.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "models/registry.h"
@@ -33,6 +34,12 @@ nlohmann::json arch_json(const ModelConfig& m, int64_t vocab) {
   for (const auto& [name, value] : shape_facts(m)) j[name] = value;
   j["vocab"] = vocab;
   return j;
+}
+
+nlohmann::json run_facts(const std::string& config_yaml, const ModelConfig& m, int64_t vocab,
+                         const std::string& data_version) {
+  return {{"config", config_yaml}, {"arch", arch_json(m, vocab)}, {"data_version", data_version},
+          {"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}}};
 }
 
 void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const std::string& data_version, bool force) {

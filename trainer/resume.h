@@ -26,6 +26,11 @@ ResumePoint find_resume(Checkpointer& ckpt, const CheckpointConfig& cfg, Comm* c
 // The facts a checkpoint must match ("run" of its state): the architecture (vocab is the padded one).
 nlohmann::json arch_json(const ModelConfig& m, int64_t vocab);
 
+// The run facts a checkpoint carries ("run" of its state; check_compatible reads them back): the
+// config, the architecture (arch_json), the data version and the code's commit.
+nlohmann::json run_facts(const std::string& config_yaml, const ModelConfig& m, int64_t vocab,
+                         const std::string& data_version);
+
 // Throws CheckpointError naming the checkpoint and what differs, unless `force` (then warns). An
 // empty data_version is not compared (a mixture, whose loader state checks each source).
 void check_compatible(const ResumePoint& r, const nlohmann::json& arch, const std::string& data_version, bool force);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "common/checksum.h"
+#include "common/log.h"
 #include "common/torch/compat.h"
 #include "models/registry.h"
 
@@ -54,6 +55,39 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
   if (p_.grad_sync) p_.grad_sync->finish(step + 1);
   *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip).to(torch::kDouble)});
   return mine;
+}
+
+StepUpdate::StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world)
+    : anomaly_(anomaly), opt_(opt), ema_(ema),
+      deferred_(opt.fused() && world == 1 &&
+                (anomaly.action == "continue" || (anomaly.action == "skip" && anomaly.spike_factor <= 0))) {
+  if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
+}
+
+std::unique_ptr<StepResult> StepUpdate::begin(int64_t step, double lr, RankStats mine, const torch::Tensor& stats,
+                                              clock::Steady::time_point t0) {
+  auto s = std::make_unique<StepResult>();
+  s->step = step, s->lr = lr, s->mine = mine, s->t0 = t0;
+  if (deferred_) {  // gated on the device: nothing waits for the host
+    const auto found_inf = stats.isfinite().all().logical_not().to(torch::kFloat);
+    opt_.step(lr, found_inf);
+    if (ema_) ema_->update(found_inf);
+  }
+  s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
+  return s;
+}
+
+void StepUpdate::update(const std::string& anomaly, double loss, double grad_norm, double lr) {
+  if (deferred_) return;
+  if (anomaly.empty() || (anomaly_.action == "continue" && std::isfinite(loss) && std::isfinite(grad_norm))) {
+    opt_.step(lr);
+    if (ema_) ema_->update();
+  }
+}
+
+void StepUpdate::hold(std::unique_ptr<StepResult> s, const std::vector<data::Batch>& batches) {
+  s->seconds = clock::seconds_since(s->t0), s->kept = batches;
+  pending_ = std::move(s);
 }
 
 }  // namespace lm

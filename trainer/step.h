@@ -1,6 +1,8 @@
-// One optimizer step's device work: the step's micro-batches from the loader, forward and backward
-// (bf16 autocast where on), gradients summed over the ranks (GradSync) and clipped. What the loop
-// decides from its results (the anomaly check, the update, the records) stays in the loop.
+// One optimizer step: its device work (ForwardBackward: the step's micro-batches from the loader,
+// forward and backward with bf16 autocast where on, gradients summed over the ranks by GradSync and
+// clipped) and its update (StepUpdate: the optimizer and the EMA, decided on the host after the
+// anomaly check, or gated on the device with the host reading the step's results one step late).
+// What the loop decides from the results (the anomaly check, saves, stops, records) stays in the loop.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,12 +11,14 @@
 #include <memory>
 #include <vector>
 
+#include "common/clock.h"
 #include "data/loader/loader.h"
 #include "models/lm.h"
 #include "trainer/config.h"
 #include "trainer/ddp/grad_sync.h"
 #include "trainer/ddp/step_stats.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/optim/ema.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/source_tokens.h"
 
@@ -52,6 +56,44 @@ class ForwardBackward {
   uint64_t batches_before_ = 0;
   // Fault injection for tests: LM_FAULT_NAN_STEP=<step> makes that step's loss and gradients NaN.
   const int64_t fault_nan_step_;
+};
+
+// A step's results as the host reads them.
+struct StepResult {
+  int64_t step = 0;  // 1-based
+  RankStats mine;
+  HostScalars stats;  // [loss sum, grad norm]
+  double lr = 0, seconds = -1;  // seconds: set when the step is left pending
+  clock::Steady::time_point t0;
+  std::vector<data::Batch> kept;  // the batches, kept for anomaly evidence while pending
+};
+
+// The update after a step. Deferred (the fused optimizer on one rank, where no host decision must
+// precede the update: anomaly.action continue, or skip without spike checks): the update and the
+// EMA are queued gated on the device (found_inf: a non-finite loss or grad norm), nothing waits for
+// the host, and the loop may read the step's results one step late (hold/take). Otherwise the host
+// updates after the anomaly check (update()).
+class StepUpdate {
+ public:
+  StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world);
+  bool deferred() const { return deferred_; }
+  // The step's results; where deferred() the update is queued on the device first. stats: as
+  // ForwardBackward::run fills it.
+  std::unique_ptr<StepResult> begin(int64_t step, double lr, RankStats mine, const torch::Tensor& stats,
+                                    clock::Steady::time_point t0);
+  // The host's update once the step is read (nothing where deferred(): it is queued already):
+  // skipped after an anomaly unless anomaly.action is continue and the step is finite.
+  void update(const std::string& anomaly, double loss, double grad_norm, double lr);
+  // A step left unread (deferred() only) until the next one is under way.
+  void hold(std::unique_ptr<StepResult> s, const std::vector<data::Batch>& batches);
+  std::unique_ptr<StepResult> take() { return std::move(pending_); }
+
+ private:
+  const AnomalyConfig& anomaly_;
+  AdamW& opt_;
+  Ema* ema_;
+  bool deferred_;
+  std::unique_ptr<StepResult> pending_;
 };
 
 }  // namespace lm

@@ -11,8 +11,6 @@
 #include <memory>
 #include <vector>
 
-#include "common/build_info.h"
-#include "common/checksum.h"
 #include "common/clock.h"
 #include "common/torch/compat.h"
 #include "common/dir_lock.h"
@@ -80,10 +78,9 @@ class Trainer {
  public:
   // Every input is checked before anything is printed or written.
   Trainer(const ExperimentConfig& cfg, const std::string& command)
-      : cfg_(cfg), launch_(LaunchEnv::from_environment()), device_(pick_device(cfg.train.device, launch_.local_rank)),
-        rank_(launch_.rank), world_(launch_.world_size), rng_(device_), detector_(cfg.anomaly),
-        schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps, &progress_.step),
-        telemetry_(cfg_, rank_, world_, device_) {
+      : cfg_(cfg), launch_(LaunchEnv::from_environment()), device_(pick_device(cfg.train, launch_.local_rank)),
+        rank_(launch_.rank), world_(launch_.world_size), rng_(device_),
+        schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps, &progress_.step), telemetry_(cfg_, rank_, world_, device_) {
     open_data();
     check_memory_fits(cfg, vocab_, device_);  // before anything is allocated or written
     open_run_dir();
@@ -100,24 +97,15 @@ class Trainer {
     }
     build_model();
     register_state();
-    if (!resume_.dir.empty()) restore();
-    if (comm_) {
-      comm_->broadcast(m_.flat->params(), 0, "broadcast of the initial parameters");
-      grad_sync_ = std::make_unique<GradSync>(*comm_, *m_.flat, *m_.model, cfg.dist.bucket_mb);
-      log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm_->backend().c_str(),
-                     grad_sync_->num_buckets(), cfg.dist.bucket_mb));
-    }
+    ResumeFacts resumed;
+    if (!resume_.dir.empty()) resumed = restore();
+    if (comm_) grad_sync_ = start_data_parallel(*comm_, *m_.flat, *m_.model, cfg.dist.bucket_mb);
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
         &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), grad_sync_.get(), device_, world_, vocab_});
+    update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_);
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_);
-    deferred_ = m_.opt->fused() && world_ == 1 &&
-                (cfg.anomaly.action == "continue" || (cfg.anomaly.action == "skip" && cfg.anomaly.spike_factor <= 0));
-    if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
-    const GpuInfo gpu = gpu_info(device_);
-    if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
-    telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_), gpu,
-                               world_, launch_.source, m_.params, m_.flops_per_token},
-                     resume_.dir.empty() ? -1 : progress_.step);
+    telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_),
+                               gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token}, resumed);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
     ckpt_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
     stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints
@@ -130,9 +118,9 @@ class Trainer {
     m_.model->train();
     while (progress_.step < cfg_.train.max_steps) {
       try {
-        if (!train_step(batches)) return summary(t_start);
+        if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
       } catch (const RemoteError&) {  // the data stayed out of reach: checkpoint the last whole step
-        if (auto prev = std::move(pending_)) read_step(*prev, prev->kept);
+        if (auto prev = update_->take()) read_step(*prev, prev->kept);
         loader_->rewind_to(step_->batches_before());
         save_and_wait();
         throw;
@@ -143,10 +131,8 @@ class Trainer {
     ckpt_->wait();
     telemetry_.flush();
     log_saves();
-    if (rank_ == 0)
-      save_safetensors(run_dir::weights(cfg_.run.dir), module_tensors(*m_.model),
-                       {{"format", "pt"}, {"arch", cfg_.model.arch}, {"step", std::to_string(progress_.step)}});
-    return summary(t_start);
+    if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
+    return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
   }
 
   // After run() or a failure: meta.json's final status, a GPU snapshot on failure.
@@ -160,19 +146,12 @@ class Trainer {
   void open_data() {
     data_ = data::open_train_data(cfg_.data);
     source_tokens_ = std::make_unique<SourceTokens>(data_.names);
-    data_vocab_ = data_.vocab_size();
-    if (cfg_.model.vocab_size > 0 && cfg_.model.vocab_size < data_vocab_)
-      throw ConfigError("key 'model.vocab_size': " + std::to_string(cfg_.model.vocab_size) +
-                        " is smaller than the data's vocabulary (" + std::to_string(data_vocab_) + ")");
+    vocab_ = padded_vocab(cfg_.model, data_.vocab_size());
     loader_ = std::make_unique<data::Loader>(cfg_.data, data_.sources, "train", cfg_.model.seq_len,
                                              cfg_.train.micro_batch_size, rank_, world_,
                                              static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
     progress_.loader = loader_.get();
     eval_ = Evaluator::create(cfg_, data_.val_source(), device_, rank_, world_);
-    vocab_ = padded_vocab(cfg_.model, data_vocab_);
-    if (cfg_.train.bf16() && !device_.is_cuda() && !compat::kHasCpuAutocast)
-      throw ConfigError("key 'train.dtype': bf16 autocast on the CPU needs LibTorch >= 2.4 (this is " +
-                        compat::torch_version() + "; train.device=" + cfg_.train.device + ")");
   }
 
   // The run directory, this rank's log, and the process group.
@@ -188,14 +167,11 @@ class Trainer {
 
   void build_model() {
     install_caching_host_allocator();
-    set_intra_op_threads(cfg_.train.threads, device_);
-    m_ = build_model_parts(cfg_, vocab_, data_vocab_, device_, rng_, rank_);
-    log::info(strf("data: %s, %llu train tokens, data version %s, tokenizer %s, %s mode, %lld samples/epoch",
-                   data_.sources[0].dir.c_str(), (unsigned long long)data_.sources[0].split_tokens("train"),
-                   data_.sources[0].data_version.c_str(), data_.tokenizer().kind.c_str(), cfg_.data.mode.c_str(),
-                   (long long)loader_->samples_per_epoch()));
-    log::info(strf("device: %s, LibTorch %s, %d threads, world size %d", device_.str().c_str(),
-                   compat::torch_version().c_str(), torch::get_num_threads(), world_));
+    configure_math(cfg_.train, device_);
+    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_);
+    log::info(data_.describe() + strf(", %s mode, %lld samples/epoch", cfg_.data.mode.c_str(),
+                                      (long long)loader_->samples_per_epoch()));
+    log::info(describe_runtime(device_, world_));
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -205,113 +181,76 @@ class Trainer {
     namespace k = state_key;
     model_state_ = std::make_unique<ModuleState>(*m_.model, resume_.dir + "/model.safetensors");
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
-    m_.opt->set_fence(ckpt_.get());
+    m_.set_fence(ckpt_.get());
     state_.add(k::kModel, S::kReplicated, *model_state_);
     state_.add(k::kOptimizer, S::kReplicated, *m_.opt);
-    if (m_.ema) {
-      m_.ema->set_fence(ckpt_.get());
-      state_.add(k::kEma, S::kReplicated, *m_.ema, /*optional=*/true);
-    }
+    if (m_.ema) state_.add(k::kEma, S::kReplicated, *m_.ema, /*optional=*/true);
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
     state_.add(k::kMetrics, S::kReplicated, telemetry_.train_log());
-    state_.add(k::kAnomaly, S::kReplicated, detector_);
+    state_.add(k::kAnomaly, S::kReplicated, telemetry_.detector());
     state_.add(k::kLongWindow, S::kReplicated, telemetry_.long_window(), /*optional=*/true);
     state_.add(k::kLoader, S::kPerRank, loader_position_);
     state_.add(k::kSourceTokens, S::kReplicated, *source_tokens_, /*optional=*/true);
     state_.add(k::kRng, S::kOwnRank, rng_);
   }
 
-  void restore() {
+  ResumeFacts restore() {
     const auto t0 = Clock::now();
     state_.restore(resume_.state, resume_.dir);
-    load_ms_ = 1e3 * seconds_since(t0);
-    log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, load_ms_));
+    const double load_ms = 1e3 * seconds_since(t0);
+    log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, load_ms));
+    return {progress_.step, resume_.dir, load_ms};
   }
 
   // ---- one optimizer step ---------------------------------------------------------------------
-  // One step's results as the host reads them: at once, or one step late where deferred_.
-  struct StepResult {
-    int64_t step = 0;  // 1-based
-    RankStats mine;
-    HostScalars stats;  // [loss sum, grad norm]
-    double lr = 0, seconds = -1;  // seconds: set when the step is left pending
-    Clock::time_point t0 = Clock::now();
-    std::vector<data::Batch> kept;  // the batches, kept for anomaly evidence while pending
-  };
-
-  // Runs one step; false when a stop signal ended the run (checkpoint saved). Where deferred_ the
-  // update is gated on the device (found_inf: a non-finite loss or grad norm) and the host reads a
-  // step's results one step late; steps that log, evaluate, save or stop are read at once.
+  // Runs one step; false when a stop signal ended the run (checkpoint saved). Where the update is
+  // deferred (StepUpdate) a quiet step's results are read one step late; steps that log,
+  // evaluate, save or stop are read at once.
   bool train_step(std::vector<data::Batch>& batches) {
     profiler_->before_step(progress_.step);
-    auto s = std::make_unique<StepResult>();
+    const auto t0 = Clock::now();
     torch::Tensor stats;
-    s->mine = step_->run(batches, progress_.step, &stats);
-    s->step = progress_.step + 1, s->lr = schedule_.at(progress_.step);
-    if (deferred_) {  // the update and the EMA gated on the device: nothing waits for the host
-      const auto found_inf = stats.isfinite().all().logical_not().to(torch::kFloat);
-      m_.opt->step(s->lr, found_inf);
-      if (m_.ema) m_.ema->update(found_inf);
-    }
-    s->stats = HostScalars(stats, /*wait=*/!deferred_);  // read at once: the step time includes the device's
-    if (auto prev = std::move(pending_)) read_step(*prev, prev->kept);  // done, or nearly, by now
+    const RankStats mine = step_->run(batches, progress_.step, &stats);
+    auto s = update_->begin(progress_.step + 1, schedule_.at(progress_.step), mine, stats, t0);
+    if (auto prev = update_->take()) read_step(*prev, prev->kept);  // done, or nearly, by now
     s->mine.stop = stop_signal::requested() != 0;
-    const double step_s_local = seconds_since(s->t0);
-    mean_step_s_ = mean_step_s_ == 0 ? step_s_local : 0.9 * mean_step_s_ + 0.1 * step_s_local;
-    s->mine.save = s->step != cfg_.train.max_steps && ckpt_->due(s->step, mean_step_s_);
-    const int64_t n = s->step, every_eval = eval_ ? cfg_.eval.every_steps : 0;
-    if (deferred_ && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
-        n != cfg_.train.max_steps && (every_eval <= 0 || n % every_eval != 0)) {
+    const int64_t n = s->step;
+    s->mine.save = n != cfg_.train.max_steps && ckpt_->due(n, seconds_since(t0));
+    if (update_->deferred() && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
+        n != cfg_.train.max_steps && !(eval_ && eval_->due(n))) {
       profiler_->after_step(++progress_.step);
-      s->seconds = seconds_since(s->t0), s->kept = batches;
-      pending_ = std::move(s);
+      update_->hold(std::move(s), batches);
       return true;
     }
     const auto [anomaly, all] = read_step(*s, batches);
     return after_step(anomaly, all);
   }
 
-  // The host half of a step: global statistics, the anomaly check, the optimizer step (unless
-  // deferred_: already queued, gated on the device) and the records. Returns {anomaly, stats}.
+  // The host half of a step: global statistics, the anomaly check (every rank sees the same global
+  // loss and grad norm, so they take the same decision), the update and the records.
   std::pair<std::string, GlobalStats> read_step(StepResult& s, const std::vector<data::Batch>& batches) {
     const std::vector<double> v = s.stats.get();
     s.mine.loss_sum = v[0];
     const double gnorm = v[1];
     const GlobalStats all = gather_step_stats(s.mine, comm_.get(), world_, s.step - 1);
-    batch_hash_ = all.batch_hash;
-    // Every rank sees the same global loss and grad norm, so they take the same decision.
-    const std::string anomaly = detector_.check(s.step, all.loss, gnorm);
-    if (!anomaly.empty()) {
-      const auto& recent = detector_.recent_losses();
-      telemetry_.anomaly({s.step, anomaly, cfg_.anomaly.action, all.loss, gnorm, s.lr, world_, batch_hash_,
-                          {recent.begin(), recent.end()}, {}}, batches, data_.sources);
-    }
-    if (!deferred_ && (anomaly.empty() || (cfg_.anomaly.action == "continue" && std::isfinite(all.loss) && std::isfinite(gnorm)))) {
-      m_.opt->step(s.lr);
-      if (m_.ema) m_.ema->update();
-    }
+    const std::string anomaly = telemetry_.check_step({s.step, all.loss, gnorm, s.lr, all.batch_hash}, batches, data_.sources);
+    update_->update(anomaly, all.loss, gnorm, s.lr);
     if (progress_.step < s.step) profiler_->after_step(++progress_.step);  // read at once: counted here
-    record_step(s.step, all, s.seconds >= 0 ? s.seconds : seconds_since(s.t0), s.lr, gnorm, s.mine.flops);
-    return {anomaly, all};
-  }
-
-  // The step's totals into the training log; a "train" record every log.every_steps steps.
-  void record_step(int64_t step, const GlobalStats& all, double step_s, double lr, double gnorm, double flops) {
     progress_.tokens += all.targets;
+    const double step_s = s.seconds >= 0 ? s.seconds : seconds_since(s.t0);
     ckpt_->step_done(step_s);  // measures an in-flight save's real stall
-    telemetry_.add_step({all.loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, flops,
-                         step > progress_.start_step + 1});
-    if (step == progress_.start_step + 1 && !resume_.dir.empty()) telemetry_.resume_record(step, resume_.dir, load_ms_);
-    if (step % cfg_.log.every_steps == 0 || step == cfg_.train.max_steps)
-      telemetry_.train_record({progress_.step, lr, gnorm, progress_.tokens, progress_.epoch(), batch_hash_}, *source_tokens_);
+    telemetry_.add_step({all.loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, s.mine.flops,
+                         s.step > progress_.start_step + 1});
+    if (s.step % cfg_.log.every_steps == 0 || s.step == cfg_.train.max_steps)
+      telemetry_.train_record({progress_.step, s.lr, gnorm, progress_.tokens, progress_.epoch(), all.batch_hash}, *source_tokens_);
+    return {anomaly, all};
   }
 
   // Validation, checkpoints and stops after a step; false when the run stops here.
   bool after_step(const std::string& anomaly, const GlobalStats& all) {
     const int64_t step = progress_.step;
-    if (eval_ && cfg_.eval.every_steps > 0 && step % cfg_.eval.every_steps == 0 && step != cfg_.train.max_steps)
-      evaluate();
+    if (eval_ && eval_->due(step)) evaluate();
     log_saves();
     if (!anomaly.empty() && cfg_.anomaly.action == "stop") {
       save_and_wait();
@@ -332,36 +271,22 @@ class Trainer {
   void evaluate() {
     const double loss = eval_->mean_loss(m_.model, comm_.get());
     const double ema_loss = m_.ema ? m_.ema->with_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); }) : std::nan("");
-    val_loss_ = loss;
     telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
   }
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
-    const nlohmann::json run = {{"config", to_yaml(cfg_)}, {"arch", arch_json(cfg_.model, vocab_)},
-                                {"data_version", data_.version},
-                                {"code", {{"commit", build_git_commit()}, {"dirty", build_git_dirty()}}}};
-    ckpt_->save(state_.snapshot(progress_.step, run));
+    ckpt_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
     log_saves();
   }
   void save_and_wait() { save(), ckpt_->wait(), log_saves(); }
 
   // Errors of the background writers (checkpoint writer, metrics sink) arrive here, on the training
-  // thread: checkpoint.on_error stop ends the run (one line, exit 1), continue warns.
+  // thread (checkpoint.on_error decides); finished saves are recorded.
   void log_saves() {
-    auto failed = [&](const std::string& err) {
-      if (cfg_.checkpoint.on_error == "stop") throw Error(err);
-      log::warn(err + " (checkpoint.on_error: continue, training goes on)");
-    };
-    if (auto err = telemetry_.take_error(); !err.empty()) failed(err);
-    for (auto& r : ckpt_->finished()) {
-      if (!r.error.empty()) failed("checkpoint at step " + std::to_string(r.step) + " failed: " + r.error);
-      else telemetry_.save_record({r.step, r.dir, r.async, r.block_ms, r.write_ms, r.mb, r.steal_ms});
-    }
-  }
-
-  TrainSummary summary(Clock::time_point t_start) {
-    return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start), val_loss_);
+    ckpt_->report(telemetry_.take_error(), [&](const SaveReport& r) {
+      telemetry_.save_record({r.step, r.dir, r.async, r.block_ms, r.write_ms, r.mb, r.steal_ms});
+    });
   }
 
   std::unique_ptr<DirLock> lock_;  // RUN_DIR/run.lock (rank 0); first member: released last
@@ -374,10 +299,10 @@ class Trainer {
   std::unique_ptr<SourceTokens> source_tokens_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<Evaluator> eval_;
-  int64_t data_vocab_ = 0, vocab_ = 0;
+  int64_t vocab_ = 0;  // padded
+  // Model and state.
   ModelParts m_;  // model, flat parameters, AdamW, EMA
   RngStreams rng_;
-  AnomalyDetector detector_;
   Progress progress_;
   LrSchedule schedule_;
   std::unique_ptr<ModuleState> model_state_;
@@ -390,13 +315,10 @@ class Trainer {
   ResumePoint resume_;
   RunTelemetry telemetry_;
   std::unique_ptr<StepProfiler> profiler_;
-  // The step in flight.
-  std::unique_ptr<ForwardBackward> step_;  // the step's device work
-  uint64_t batch_hash_ = 0;
-  double mean_step_s_ = 0, val_loss_ = -1, load_ms_ = 0;
+  // The step.
+  std::unique_ptr<ForwardBackward> step_;  // its device work
+  std::unique_ptr<StepUpdate> update_;     // its update, and the step left unread
   bool stopped_ = false;
-  bool deferred_ = false;                // read step results one step late (see train_step)
-  std::unique_ptr<StepResult> pending_;  // deferred_: the queued step not yet read
 };
 
 }  // namespace

@@ -186,6 +186,12 @@ uint64_t TrainData::train_tokens() const {
   return n;
 }
 
+std::string TrainData::describe() const {
+  const Manifest& m = sources.at(0);
+  return strf("data: %s, %llu train tokens, data version %s, tokenizer %s", m.dir.c_str(),
+              (unsigned long long)m.split_tokens("train"), m.data_version.c_str(), tokenizer().kind.c_str());
+}
+
 void TrainData::save_tokenizer(const std::string& dir) const {
   Manifest m;
   m.tokenizer = tokenizer();

@@ -185,6 +185,8 @@ struct TrainData {
   // The dataset whose "val" split validates the run when data.val is empty: the first source.
   const Manifest& val_source() const { return sources.at(0); }
   uint64_t train_tokens() const;  // the sources' "train" splits together
+  // "data: DIR, N train tokens, data version V, tokenizer T" (the first source's) for the log.
+  std::string describe() const;
   // The tokenizer's model file bytes (sentencepiece; "" for bytes), checked against its hash,
   // wherever the dataset lives (a local directory, a URL, the .model of raw text).
   std::string tokenizer_model() const;

@@ -242,6 +242,18 @@ std::vector<SaveReport> Checkpointer::finished() {
   return out;
 }
 
+void Checkpointer::report(const std::string& other_error, const std::function<void(const SaveReport&)>& saved) {
+  auto failed = [&](const std::string& err) {
+    if (cfg_.on_error == "stop") throw Error(err);
+    log::warn(err + " (checkpoint.on_error: continue, training goes on)");
+  };
+  if (!other_error.empty()) failed(other_error);
+  for (auto& r : finished()) {
+    if (!r.error.empty()) failed("checkpoint at step " + std::to_string(r.step) + " failed: " + r.error);
+    else saved(r);
+  }
+}
+
 namespace {
 
 double plans_mb(const std::vector<files::FilePlan>& plans) {

@@ -46,6 +46,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -96,6 +97,11 @@ class Checkpointer : public WriteFence {
   void prepare(const CheckpointState& st);
   // Reports of saves finished (and their stall measured) since the last call, oldest first.
   std::vector<SaveReport> finished();
+  // finished(), oldest first: each save that succeeded goes to `saved`; a failure, like
+  // `other_error` (another background writer's, e.g. the metrics sink's; "" for none), ends the run
+  // where checkpoint.on_error is stop (throws Error: one line, exit 1) and is warned about where it
+  // is continue.
+  void report(const std::string& other_error, const std::function<void(const SaveReport&)>& saved);
   void wait();  // until no save is in flight
   // REQUIRES: called before anything the last snapshot holds is updated (parameters, optimizer
   // moments, EMA). Returns once the async save's staging copy is complete. The optimizer and the
@@ -105,9 +111,12 @@ class Checkpointer : public WriteFence {
   // The loop finished a step of step_s seconds (its whole time, wait_snapshot included).
   void step_done(double step_s);
 
-  // Whether a save is due after `step` optimizer steps (step_s: measured seconds per step, for
-  // every_steps: auto; see interval.h).
-  bool due(int64_t step, double step_s) { return interval_.due(step, last_save_step_, step_s); }
+  // Whether a save is due after `step` optimizer steps. step_s: this step's measured seconds, whose
+  // running mean every_steps: auto weighs the save's cost against (interval.h).
+  bool due(int64_t step, double step_s) {
+    mean_step_s_ = mean_step_s_ == 0 ? step_s : 0.9 * mean_step_s_ + 0.1 * step_s;
+    return interval_.due(step, last_save_step_, mean_step_s_);
+  }
 
   // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
   // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
@@ -147,6 +156,7 @@ class Checkpointer : public WriteFence {
   std::set<int64_t> verified_;  // steps known to verify: committed or loaded here (guarded by mu_)
   SaveInterval interval_;
   int64_t last_save_step_ = 0;
+  double mean_step_s_ = 0;  // due()'s running mean
 };
 
 }  // namespace lm

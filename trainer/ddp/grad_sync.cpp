@@ -77,4 +77,12 @@ void GradSync::finish(int64_t step) {
   active_ = false;
 }
 
+std::unique_ptr<GradSync> start_data_parallel(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb) {
+  comm.broadcast(flat.params(), 0, "broadcast of the initial parameters");
+  auto sync = std::make_unique<GradSync>(comm, flat, model, bucket_mb);
+  log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm.backend().c_str(), sync->num_buckets(),
+                 bucket_mb));
+  return sync;
+}
+
 }  // namespace lm

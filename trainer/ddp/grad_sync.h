@@ -47,4 +47,8 @@ class GradSync {
   std::vector<std::pair<std::shared_ptr<void>, uintptr_t>> hooks_;
 };
 
+// Data parallel over `comm`: rank 0's parameters broadcast to every rank (after a resume every rank
+// restored the same ones: one source of truth all the same), then the gradient buckets (logged).
+std::unique_ptr<GradSync> start_data_parallel(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb);
+
 }  // namespace lm

@@ -30,17 +30,26 @@
 
 namespace lm {
 
-torch::Device pick_device(const std::string& want, int local_rank) {
-  if (want == "cuda" || (want == "auto" && torch::cuda::is_available())) {
+torch::Device pick_device(const TrainConfig& t, int local_rank) {
+  if (t.device == "cuda" || (t.device == "auto" && torch::cuda::is_available())) {
     if (!torch::cuda::is_available()) throw ConfigError("key 'train.device': cuda requested but LibTorch has no CUDA device");
     return use_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));  // current from now
   }
+  if (t.bf16() && !compat::kHasCpuAutocast)
+    throw ConfigError("key 'train.dtype': bf16 autocast on the CPU needs LibTorch >= 2.4 (this is " +
+                      compat::torch_version() + "; train.device=" + t.device + ")");
   return torch::Device(torch::kCPU);
 }
 
-void set_intra_op_threads(int64_t requested, const torch::Device& device) {
-  const int64_t threads = requested > 0 ? requested : (device.is_cpu() ? 1 : 0);
+void configure_math(const TrainConfig& t, const torch::Device& device) {
+  const int64_t threads = t.threads > 0 ? t.threads : (device.is_cpu() ? 1 : 0);
   if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
+}
+
+std::string describe_runtime(const torch::Device& device, int world) {
+  return strf("device: %s, LibTorch %s, %d threads, world size %d", device.str().c_str(),
+              compat::torch_version().c_str(), torch::get_num_threads(), world);
 }
 
 torch::Device use_device(const torch::Device& device) {

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/train_config.h"
+
 namespace lm {
 
 // Makes `device` this thread's current CUDA device and returns it; call before any other CUDA work
@@ -16,14 +18,17 @@ namespace lm {
 // ConfigError when the index is not a visible device. No-op on CPU.
 torch::Device use_device(const torch::Device& device);
 // train.device (auto | cpu | cuda) for the rank with this local rank, made current (use_device).
-// Throws ConfigError when cuda is asked for and LibTorch has none.
-torch::Device pick_device(const std::string& want, int local_rank);
-// LibTorch's intra-op threads (train.threads): `requested` when > 0. 0 on CPU means one, with
-// OpenBLAS threading the matmuls itself: measured fastest on 2 cores, since LibTorch and BLAS both
-// threaded spin against each other (~2x slower at the kjv shape, ~20x at the tests' tiny one).
-// Debian's 1.13 starts with one thread, 2.x with one per core, so it is set, not left to the
-// version. 0 on CUDA keeps LibTorch's default.
-void set_intra_op_threads(int64_t requested, const torch::Device& device);
+// Throws ConfigError when cuda is asked for and LibTorch has none, and when train.dtype bf16 asks
+// for CPU autocast that this LibTorch lacks (< 2.4).
+torch::Device pick_device(const TrainConfig& t, int local_rank);
+// The device's math settings for the run. LibTorch's intra-op threads (train.threads) when > 0; 0
+// on CPU means one, with OpenBLAS threading the matmuls itself: measured fastest on 2 cores, since
+// LibTorch and BLAS both threaded spin against each other (~2x slower at the kjv shape, ~20x at the
+// tests' tiny one). Debian's 1.13 starts with one thread, 2.x with one per core, so it is set, not
+// left to the version. 0 on CUDA keeps LibTorch's default; CUDA runs fp32 matmuls on TF32.
+void configure_math(const TrainConfig& t, const torch::Device& device);
+// "device: cuda:0, LibTorch 2.6.0, 1 threads, world size 2" for the log.
+std::string describe_runtime(const torch::Device& device, int world);
 
 // Host batches to device tensors. On CPU the tensor wraps the loader's buffer (no copy). On CUDA
 // the batch is staged in pinned memory and copied host-to-device with a non_blocking copy on a

@@ -16,9 +16,10 @@ namespace lm {
 using clock::unix_now;
 
 RunTelemetry::RunTelemetry(const ExperimentConfig& cfg, int rank, int world, const torch::Device& device)
-    : cfg_(cfg), rank_(rank), world_(world), device_(device) {}
+    : cfg_(cfg), rank_(rank), world_(world), device_(device), detector_(cfg.anomaly) {}
 
-void RunTelemetry::start(const std::string& command, RunFacts facts, int64_t resumed_step) {
+void RunTelemetry::start(const std::string& command, RunFacts facts, ResumeFacts resume) {
+  resume_ = std::move(resume);
   peak_ = mfu_peak(cfg_.log.peak_tflops, facts.gpu.model, cfg_.train.dtype, device_);
   log::info(peak_.flops <= 0 ? "MFU unknown: no peak for " + facts.gpu.model + " (set log.peak_tflops)"
                              : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
@@ -28,7 +29,7 @@ void RunTelemetry::start(const std::string& command, RunFacts facts, int64_t res
   if (rank_ != 0) return;
   MetricsSink::Options mo;
   mo.run_dir = cfg_.run.dir;
-  mo.keep_through_step = resumed_step;
+  mo.keep_through_step = resume_.step;
   mo.tensorboard = cfg_.log.tensorboard;
   mo.total_steps = cfg_.train.max_steps;
   mo.long_window_s = cfg_.log.long_window_s;
@@ -42,6 +43,12 @@ void RunTelemetry::start(const std::string& command, RunFacts facts, int64_t res
 void RunTelemetry::add_step(const TrainLog::Step& s) {
   log_.add(s);
   window_nonfinite_ |= !std::isfinite(s.loss);
+  if (resume_.step < 0) return;
+  if (sink_)
+    sink_->write({{records::kKind, records::kResume}, {records::kStep, resume_.step + 1},
+                  {records::kCheckpointDir, resume_.dir}, {records::kTime, unix_now()},
+                  {records::kRecoveryMs, 1e3 * clock::process_age_s()}, {records::kLoadMs, resume_.load_ms}});
+  resume_.step = -1;
 }
 
 // A window with a non-finite step logs loss NaN (null in the file; TrainLog counts it as 0).
@@ -67,15 +74,13 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   sink_->write(std::move(rec));
 }
 
-void RunTelemetry::resume_record(int64_t step, const std::string& dir, double load_ms) {
-  if (!sink_) return;
-  sink_->write({{records::kKind, records::kResume}, {records::kStep, step}, {records::kCheckpointDir, dir},
-                {records::kTime, unix_now()}, {records::kRecoveryMs, 1e3 * clock::process_age_s()},
-                {records::kLoadMs, load_ms}});
-}
-
-void RunTelemetry::anomaly(AnomalyFacts f, const std::vector<data::Batch>& batches,
-                           const std::vector<data::Manifest>& sources) {
+std::string RunTelemetry::check_step(const StepFacts& s, const std::vector<data::Batch>& batches,
+                                     const std::vector<data::Manifest>& sources) {
+  std::string reason = detector_.check(s.step, s.loss, s.grad_norm);
+  if (reason.empty()) return reason;
+  const auto& recent = detector_.recent_losses();
+  AnomalyFacts f{s.step, reason, cfg_.anomaly.action, s.loss, s.grad_norm, s.lr, world_, s.batch_hash,
+                 {recent.begin(), recent.end()}, {}};
   if (rank_ == 0) {
     log::warn(strf("anomaly at step %lld: %s (action: %s)", (long long)f.step, f.reason.c_str(), f.action.c_str()));
     sink_->write({{records::kKind, records::kAnomaly}, {records::kStep, f.step}, {records::kTime, unix_now()},
@@ -83,14 +88,17 @@ void RunTelemetry::anomaly(AnomalyFacts f, const std::vector<data::Batch>& batch
                   {records::kGradNorm, finite_or_null(f.grad_norm)}, {records::kAction, f.action},
                   {records::kBatchHash, hex64(f.batch_hash)}});
   }
-  if (dumps_ >= cfg_.anomaly.max_dumps) return;
-  ++dumps_;
-  if (rank_ == 0) f.config = nlohmann::json::parse(to_json(cfg_));
-  write_anomaly_evidence(cfg_.run.dir, rank_, f, batches, sources);
+  if (dumps_ < cfg_.anomaly.max_dumps) {
+    ++dumps_;
+    if (rank_ == 0) f.config = nlohmann::json::parse(to_json(cfg_));
+    write_anomaly_evidence(cfg_.run.dir, rank_, f, batches, sources);
+  }
+  return reason;
 }
 
 void RunTelemetry::val_record(int64_t step, const std::string& data, const std::string& split, double loss,
                               double ema_loss) {
+  val_loss_ = loss;
   if (rank_ != 0) return;
   nlohmann::json rec = {{records::kKind, records::kVal}, {records::kStep, step}, {records::kValData, data},
                         {records::kValSplit, split}, {records::kValLoss, loss}, {records::kTime, unix_now()}};
@@ -109,10 +117,10 @@ void RunTelemetry::save_record(const SaveFacts& s) {
                 {records::kCkptStealMs, s.steal_ms}});
 }
 
-TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wall_s, double val_loss) {
+TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wall_s) {
   TrainSummary sum;
   sum.steps = steps, sum.first_loss = log_.first_loss(), sum.last_loss = log_.last_loss();
-  sum.val_loss = val_loss, sum.wall_s = wall_s, sum.tokens_per_s = log_.tokens_per_s();
+  sum.val_loss = val_loss_, sum.wall_s = wall_s, sum.tokens_per_s = log_.tokens_per_s();
   if (rank_ != 0) return sum;
   const double pad_pct = log_.padding_pct();
   const bool bucketed = cfg_.data.bucketed();

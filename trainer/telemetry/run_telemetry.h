@@ -40,6 +40,20 @@ struct TrainFacts {
   uint64_t batch_hash = 0;
 };
 
+// Where a resumed run came from (step -1: a fresh run).
+struct ResumeFacts {
+  int64_t step = -1;  // the checkpoint's step
+  std::string dir;
+  double load_ms = 0;
+};
+
+// A step's facts the anomaly check reads.
+struct StepFacts {
+  int64_t step = 0;  // 1-based
+  double loss = 0, grad_norm = 0, lr = 0;
+  uint64_t batch_hash = 0;
+};
+
 // A finished checkpoint save, as the checkpointer reports it.
 struct SaveFacts {
   int64_t step = 0;
@@ -54,18 +68,20 @@ class RunTelemetry {
 
   TrainLog& train_log() { return log_; }
   Stateful& long_window() { return long_window_; }
+  AnomalyDetector& detector() { return detector_; }
 
-  // The MFU peak (the device's), the sink and meta.json (rank 0). resumed_step: the step a resume
-  // starts from (its metrics.jsonl is kept up to there), -1 for a fresh run.
-  void start(const std::string& command, RunFacts facts, int64_t resumed_step);
+  // The MFU peak (the device's), the sink and meta.json (rank 0). A resumed run keeps its
+  // metrics.jsonl up to resume.step and gets a "resume" record with its first step.
+  void start(const std::string& command, RunFacts facts, ResumeFacts resume);
   // One optimizer step's totals (every rank).
   void add_step(const TrainLog::Step& s);
+  // "" or why the step is an anomaly (every rank: the same global facts, the same answer); an
+  // anomaly is logged and recorded, and the first anomaly.max_dumps get their evidence (anomaly.h).
+  // sources: the data sources' manifests, indexed by SampleOrigin::source.
+  std::string check_step(const StepFacts& f, const std::vector<data::Batch>& batches,
+                         const std::vector<data::Manifest>& sources);
   // Closes the logging window: a "train" record (rank 0).
   void train_record(const TrainFacts& f, SourceTokens& source_tokens);
-  void resume_record(int64_t step, const std::string& dir, double load_ms);
-  // An anomalous step: an "anomaly" record (rank 0) and, for the first anomaly.max_dumps of them,
-  // its evidence (the batches and their provenance, anomaly.h). f.config is filled in here.
-  void anomaly(AnomalyFacts f, const std::vector<data::Batch>& batches, const std::vector<data::Manifest>& sources);
   void val_record(int64_t step, const std::string& data, const std::string& split, double loss, double ema_loss);
   void save_record(const SaveFacts& s);
   // The sink's first write error since the last call ("" when none).
@@ -73,8 +89,8 @@ class RunTelemetry {
   void flush() {
     if (sink_) sink_->flush();
   }
-  // The run's totals: logged and written to summary.json (rank 0).
-  TrainSummary summary(int64_t steps, int64_t start_step, double wall_s, double val_loss);
+  // The run's totals: logged and written to summary.json (rank 0); val_loss: the last val_record's.
+  TrainSummary summary(int64_t steps, int64_t start_step, double wall_s);
   // meta.json's final status ("completed", "stopped", "failed").
   void finish(const std::string& status, int exit_code, const std::string& error);
 
@@ -92,6 +108,8 @@ class RunTelemetry {
   torch::Device device_;
   TrainLog log_;
   LongWindow long_window_;
+  AnomalyDetector detector_;
+  ResumeFacts resume_;  // until its record is written
   MfuPeak peak_;
   clock::StealMeter steal_;  // cpu_steal_pct of the train records (rank 0)
   std::unique_ptr<MetricsSink> sink_;  // rank 0
@@ -99,6 +117,7 @@ class RunTelemetry {
   double record_ms_ = 0;               // rank 0 building train records (telemetry's own cost)
   bool window_nonfinite_ = false;      // a step of the open window was non-finite
   int64_t dumps_ = 0;                  // anomaly evidence directories written
+  double val_loss_ = -1;               // the last validation loss (-1: none ran)
 };
 
 }  // namespace lm
