@@ -38,7 +38,7 @@ Evaluator::Evaluator(const ExperimentConfig& cfg, data::Manifest m, const std::s
                      const torch::Device& device, int rank, int world)
     : cfg_(cfg), manifest_(std::move(m)), split_(split), device_(device), rank_(rank), world_(world),
       bf16_(cfg.train.bf16()) {
-  reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len, cfg.data.verify == "full");
+  reader_ = std::make_unique<data::ValReader>(manifest_, split, cfg.model.seq_len, cfg.data.verify_full());
 }
 
 double Evaluator::mean_loss(LM& model, Comm* comm) {

@@ -22,7 +22,7 @@ ResumePoint find_resume(Checkpointer& ckpt, const CheckpointConfig& cfg, Comm* c
     comm->broadcast(t, 0, "broadcast of the resume step");
     step = t.item<int64_t>();
     if (rank != 0 && step >= 0) {
-      r.dir = cfg.resume != "auto" ? cfg.resume : ckpt.dir() + "/" + run_dir::step_name(step);
+      r.dir = !cfg.resume_auto() ? cfg.resume : ckpt.dir() + "/" + run_dir::step_name(step);
       r.state = ckpt.load(r.dir);
     }
   }

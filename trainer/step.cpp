@@ -60,7 +60,7 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
 StepUpdate::StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world)
     : anomaly_(anomaly), opt_(opt), ema_(ema),
       deferred_(opt.fused() && world == 1 &&
-                (anomaly.action == "continue" || (anomaly.action == "skip" && anomaly.spike_factor <= 0))) {
+                (anomaly.continues() || (anomaly.skips() && anomaly.spike_factor <= 0))) {
   if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
 }
 
@@ -79,7 +79,7 @@ std::unique_ptr<StepResult> StepUpdate::begin(int64_t step, double lr, RankStats
 
 void StepUpdate::update(const std::string& anomaly, double loss, double grad_norm, double lr) {
   if (deferred_) return;
-  if (anomaly.empty() || (anomaly_.action == "continue" && std::isfinite(loss) && std::isfinite(grad_norm))) {
+  if (anomaly.empty() || (anomaly_.continues() && std::isfinite(loss) && std::isfinite(grad_norm))) {
     opt_.step(lr);
     if (ema_) ema_->update();
   }

@@ -252,7 +252,7 @@ class Trainer {
     const int64_t step = progress_.step;
     if (eval_ && eval_->due(step)) evaluate();
     log_saves();
-    if (!anomaly.empty() && cfg_.anomaly.action == "stop") {
+    if (!anomaly.empty() && cfg_.anomaly.stops()) {
       save_and_wait();
       throw Error(strf("stopped at step %lld by an anomaly (%s); evidence in %s, checkpoint saved", (long long)step,
                        anomaly.c_str(), run_dir::anomalies(cfg_.run.dir).c_str()));

@@ -38,6 +38,11 @@ struct AnomalyConfig {
   int64_t warmup_steps = 50;     // no spike checks before this step (non-finite values always count)
   std::string action = "skip";   // continue | skip (no weight update) | stop (checkpoint, exit 1)
   int64_t max_dumps = 20;        // anomaly directories written at most
+
+  // The one comparison of each action.
+  bool stops() const { return action == "stop"; }
+  bool continues() const { return action == "continue"; }
+  bool skips() const { return action == "skip"; }
 };
 
 struct EvalConfig {

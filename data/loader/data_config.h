@@ -77,6 +77,7 @@ struct DataConfig {
   // The choices as the code asks them (the one place their strings are compared).
   bool bucketed() const { return mode == "bucketed"; }
   bool split_long_docs() const { return long_docs == "split"; }
+  bool verify_full() const { return verify == "full"; }
 
   // Remote datasets (data/remote/store.h): the local cache and the fault tolerance.
   std::string cache_dir = ".cache/shards";  // shared by every run that names it

@@ -45,7 +45,7 @@ struct Loader::Impl {
 
   void open(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len) {
     sets.push_back(std::make_unique<ShardSet>(
-        m, split, c.verify == "full",
+        m, split, c.verify_full(),
         [&](const ShardReader& s) { return stream_units(s, c.bucketed(), c.split_long_docs(), seq_len); },
         c.bucketed() ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }));
   }

@@ -244,7 +244,7 @@ std::vector<SaveReport> Checkpointer::finished() {
 
 void Checkpointer::report(const std::string& other_error, const std::function<void(const SaveReport&)>& saved) {
   auto failed = [&](const std::string& err) {
-    if (cfg_.on_error == "stop") throw Error(err);
+    if (cfg_.stop_on_error()) throw Error(err);
     log::warn(err + " (checkpoint.on_error: continue, training goes on)");
   };
   if (!other_error.empty()) failed(other_error);
@@ -332,7 +332,7 @@ void Checkpointer::save(const CheckpointState& st) {
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     const double ms = ms_since(t0);
     record({st.step, dir, false, ms, ms, ms, mb, 1e3 * steal.take_s(), err});
-    if (!err.empty() && cfg_.on_error == "stop") throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
+    if (!err.empty() && cfg_.stop_on_error()) throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
     return;
   }
   auto f = std::make_unique<InFlight>();
@@ -493,8 +493,8 @@ std::string Checkpointer::verify(const std::string& dir) {
 }
 
 std::string Checkpointer::load_resume(CheckpointState* out) {
-  if (cfg_.resume == "none") return "";
-  if (cfg_.resume != "auto") {
+  if (cfg_.resume_none()) return "";
+  if (!cfg_.resume_auto()) {
     try {
       *out = load(cfg_.resume);
     } catch (const CheckpointError& e) {

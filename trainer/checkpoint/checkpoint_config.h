@@ -15,6 +15,11 @@ struct CheckpointConfig {
   bool force = false;            // resume even when model architecture or data version differ
   bool async = false;            // snapshot and write in the background while training continues
   std::string on_error = "stop"; // a failed save: stop (exit 1) | continue (warn, keep training)
+
+  // The one comparison of each choice.
+  bool stop_on_error() const { return on_error == "stop"; }
+  bool resume_auto() const { return resume == "auto"; }
+  bool resume_none() const { return resume == "none"; }
   double commit_timeout_s = 600; // rank 0 waits this long for the other ranks' files
 };
 

@@ -38,7 +38,7 @@ struct Comm::Pending {
 
 Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& device, const std::string& nccl_log_dir)
     : impl_(std::make_unique<Impl>()), rank_(e.rank), world_(e.world_size), timeout_s_(cfg.timeout_s) {
-  backend_ = cfg.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : cfg.backend;
+  backend_ = cfg.backend_auto() ? (device.is_cuda() ? "nccl" : "gloo") : cfg.backend;
   if (backend_ == "nccl" && !nccl_log_dir.empty()) {  // NCCL's own log, kept per rank with the run
     ::setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0);
     ::setenv("NCCL_DEBUG_FILE", (nccl_log_dir + "/nccl_rank" + std::to_string(e.rank) + ".%h.%p.log").c_str(), 0);
@@ -88,7 +88,7 @@ Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& devic
 
 std::unique_ptr<Comm> open_process_group(const LaunchEnv& launch, const DistConfig& cfg, const torch::Device& device,
                                          const std::string& nccl_log_dir) {
-  if (launch.world_size <= 1 && cfg.backend == "auto") return nullptr;
+  if (launch.world_size <= 1 && cfg.backend_auto()) return nullptr;
   LaunchEnv env = launch;
   if (env.world_size <= 1 && env.master_addr.empty()) env.master_addr = "127.0.0.1", env.master_port = 0;  // any free port
   log::info(strf("rank %d of %d (%s launch, local rank %d), rendezvous %s:%d", env.rank, env.world_size,
