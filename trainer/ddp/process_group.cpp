@@ -43,6 +43,11 @@ Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& devic
     ::setenv("NCCL_DEBUG", "INFO", /*overwrite=*/0);
     ::setenv("NCCL_DEBUG_FILE", (nccl_log_dir + "/nccl_rank" + std::to_string(e.rank) + ".%h.%p.log").c_str(), 0);
   }
+  // NCCL's async error handling (a failed or timed-out collective ends the process instead of
+  // hanging it): the launcher (torch-free) sets the name of LibTorch >= 2.2, as torchrun 2.x does;
+  // this LibTorch reads its own name (compat.h), set here from it unless the user set that one.
+  if (backend_ == "nccl" && !std::getenv(compat::kNcclAsyncErrorHandlingVar))
+    if (const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) ::setenv(compat::kNcclAsyncErrorHandlingVar, v, 0);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1e3));
   try {
     c10d::TCPStoreOptions so;
