@@ -3,8 +3,9 @@
 
 Every project include ("folder/...") in a source file must point at its own top-level folder or
 one the rule allows below it. Torch-free code stays so: nothing in common/ outside common/torch/,
-and nothing in data/, includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or
-common/torch/. Prints each violation as FILE:LINE and exits 1 when there is any.
+nothing in data/ and nothing in launch/launcher/ (the launcher speaks c10d's store protocol itself)
+includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or common/torch/. Prints each
+violation as FILE:LINE and exits 1 when there is any.
 bench/ and tests/ may include anything. Usage: check_layering.py [REPO_ROOT]
 """
 import os
@@ -21,7 +22,8 @@ ALLOWED = {
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<((?:torch|ATen|c10)/[^>]+)>')
-TORCH_FREE = ("common", "data")  # top-level folders that never see LibTorch (common/torch/ aside)
+# Folders that never see LibTorch (common/torch/ aside).
+TORCH_FREE = ("common", "data", os.path.join("launch", "launcher"))
 
 
 def violations(root):
@@ -34,10 +36,11 @@ def violations(root):
                 with open(path, encoding="utf-8") as f:
                     for n, line in enumerate(f, 1):
                         rel = os.path.relpath(path, root)
-                        torch_free = top in TORCH_FREE and not rel.startswith(os.path.join("common", "torch") + os.sep)
+                        free = [d for d in TORCH_FREE if rel.startswith(d + os.sep)]
+                        torch_free = free and not rel.startswith(os.path.join("common", "torch") + os.sep)
                         sm = SYSTEM_INCLUDE.match(line)
                         if torch_free and (sm or re.match(r'^\s*#\s*include\s+"common/torch/', line)):
-                            yield f"{rel}:{n}: {top}/ is torch-free and may not include {sm.group(1) if sm else line.strip()}"
+                            yield f"{rel}:{n}: {free[0]}/ is torch-free and may not include {sm.group(1) if sm else line.strip()}"
                         m = INCLUDE.match(line) or re.match(r'^\s*import\s+"([^"]+)"', line)
                         if not m:
                             continue

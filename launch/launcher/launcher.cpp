@@ -1,9 +1,10 @@
 // The launcher of one node (see launcher.h).
 //
-// Rendezvous (like torchrun's static TCP rendezvous): the launcher of node 0 hosts a
-// c10d::TCPStore at MASTER_ADDR:MASTER_PORT; the launchers of the other nodes connect to it as
-// clients. Workers get TORCHELASTIC_USE_AGENT_STORE=True and connect to the same store as clients
-// under the prefix "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (the trainer does that part).
+// Rendezvous (like torchrun's static TCP rendezvous): the launcher of node 0 hosts the store
+// (store.h: c10d's TCPStore protocol, without LibTorch) at MASTER_ADDR:MASTER_PORT; the launchers
+// of all nodes, node 0's too, connect to it as clients. Workers get TORCHELASTIC_USE_AGENT_STORE=True
+// and connect to the same store as c10d::TCPStore clients under the prefix
+// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (the trainer does that part).
 // The launchers keep their own keys under "launch/<run_id>/":
 //   attempt_<n>/node_<k>     node k is ready for attempt n ("nproc=P max_restarts=M nnodes=N");
 //                            every node waits for all of them, so attempt n starts together and
@@ -18,12 +19,9 @@
 // Every node polls these keys each --monitor-interval. Attempt n succeeds when every node wrote
 // done_<k>; it fails when anybody bumped `failed`: then every node stops its workers (SIGTERM,
 // --grace-period, SIGKILL) and, while restarts are left, all nodes meet again for attempt n+1.
-//
-// LibTorch versions: only TCPStore(host, TCPStoreOptions) with fields that 1.13 and 2.x share is
-// used, created through compat::tcp_store (the libuv server of 2.4+ where LibTorch has it).
+// The store's server speaks both dialects of the protocol, so workers on LibTorch 1.13 and 2.x
+// (C++ or Python) connect to it alike.
 #include "launch/launcher/launcher.h"
-
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -37,17 +35,18 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/clock.h"
-#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "launch/launcher/store.h"
 #include "launch/launcher/workers.h"
 
 namespace lm::launch {
@@ -58,9 +57,6 @@ using Clock = clock::Steady;
 
 constexpr int kLogTailLines = 10;
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string str(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
 using clock::seconds_since;
 
 std::string first_line(std::string msg) {
@@ -68,8 +64,8 @@ std::string first_line(std::string msg) {
   return msg;
 }
 
-// Throws UsageError when something already listens on `port` (checked before c10d tries, whose
-// failure would print several log lines).
+// Throws UsageError when something already listens on `port` (checked before the store binds it,
+// for the one line users know).
 void check_port_free(int port) {
   for (int family : {AF_INET6, AF_INET}) {
     int s = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -99,29 +95,6 @@ void check_port_free(int port) {
     if (rc == 0) return;
   }
 }
-
-// Sends c10d's own log lines (connection retries, glog banners) to /dev/null while alive.
-class QuietStderr {
- public:
-  QuietStderr() {
-    std::fflush(stderr);
-    saved_ = ::dup(2);
-    int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (saved_ >= 0 && null >= 0) ::dup2(null, 2);
-    if (null >= 0) ::close(null);
-  }
-  ~QuietStderr() {
-    if (saved_ >= 0) {
-      ::dup2(saved_, 2);
-      ::close(saved_);
-    }
-  }
-  QuietStderr(const QuietStderr&) = delete;
-  QuietStderr& operator=(const QuietStderr&) = delete;
-
- private:
-  int saved_ = -1;
-};
 
 // ---- signals: a self-pipe read by the event loop ----------------------------------------------
 
@@ -226,27 +199,26 @@ class Launcher {
 
   // ---- store ----
 
+  // Node 0 starts the server; every node connects a client (node 0's through MASTER_ADDR, as c10d's
+  // own server-side TCPStore does).
   void connect_store() {
-    c10d::TCPStoreOptions so;
-    so.isServer = o_.node_rank == 0;
-    so.port = static_cast<uint16_t>(o_.master_port);
-    so.waitWorkers = false;  // the launchers meet through their own keys (rendezvous())
-    so.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
-    if (so.isServer && o_.master_port != 0) check_port_free(o_.master_port);
-    if (!so.isServer)
+    const bool host = o_.node_rank == 0;
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
+    if (host && o_.master_port != 0) check_port_free(o_.master_port);
+    if (!host)
       log::info(strf("[launch] node %d: connecting to the store at %s:%d (up to %.0f s)", o_.node_rank,
                      o_.master_addr.c_str(), o_.master_port, o_.rdzv_timeout_s));
     try {
-      QuietStderr quiet;
-      store_ = compat::tcp_store(o_.master_addr, so);
+      if (host) server_ = std::make_unique<StoreServer>(o_.master_port);
+      port_ = host ? server_->port() : o_.master_port;
+      store_ = std::make_unique<StoreClient>(o_.master_addr, port_, timeout);
     } catch (const std::exception& e) {
       std::string msg = first_line(e.what());
-      if (so.isServer)
+      if (host)
         throw UsageError(strf("cannot host the rendezvous store on port %d: %s", o_.master_port, msg.c_str()));
       throw Error(strf("cannot reach the rendezvous store at %s:%d: %s", o_.master_addr.c_str(), o_.master_port,
                        msg.c_str()));
     }
-    port_ = store_->getPort();
   }
 
   std::string key(int attempt, const std::string& name) const {
@@ -269,7 +241,7 @@ class Launcher {
   // The signal and node of a shutdown published by some node, if any.
   std::optional<std::pair<int, int>> shutdown_requested() {
     if (!guarded([&] { return store_->check({prefix_ + "shutdown"}); })) return std::nullopt;
-    std::string v = str(guarded([&] { return store_->get(prefix_ + "shutdown"); }));
+    std::string v = guarded([&] { return store_->get(prefix_ + "shutdown"); });
     int sig = SIGTERM, node = -1;
     std::sscanf(v.c_str(), "%d %d", &sig, &node);
     return std::make_pair(sig, node);
@@ -277,7 +249,7 @@ class Launcher {
 
   void publish_shutdown(int sig) {
     try {
-      store_->set(prefix_ + "shutdown", bytes(strf("%d %d", sig, o_.node_rank)));
+      store_->set(prefix_ + "shutdown", strf("%d %d", sig, o_.node_rank));
     } catch (const std::exception&) {
       // the store is gone: nobody to tell
     }
@@ -305,7 +277,7 @@ class Launcher {
   // shutdown elsewhere; throws on timeout (Error) or nodes that disagree (UsageError).
   Outcome rendezvous(int attempt) {
     std::string info = strf("nproc=%d max_restarts=%d nnodes=%d", o_.nproc_per_node, o_.max_restarts, o_.nnodes);
-    guarded([&] { store_->set(key(attempt, "node_" + std::to_string(o_.node_rank)), bytes(info)); });
+    guarded([&] { store_->set(key(attempt, "node_" + std::to_string(o_.node_rank)), info); });
     std::vector<std::string> keys;
     for (int k = 0; k < o_.nnodes; ++k) keys.push_back(key(attempt, "node_" + std::to_string(k)));
     auto t0 = Clock::now();
@@ -337,7 +309,7 @@ class Launcher {
   void read_node_nproc(const std::vector<std::string>& keys) {
     node_nproc_.assign(o_.nnodes, 0);
     for (int k = 0; k < o_.nnodes; ++k) {
-      std::string v = str(guarded([&] { return store_->get(keys[k]); }));
+      std::string v = guarded([&] { return store_->get(keys[k]); });
       int nproc = 0, max_restarts = -1, nnodes = 0;
       std::sscanf(v.c_str(), "nproc=%d max_restarts=%d nnodes=%d", &nproc, &max_restarts, &nnodes);
       if (max_restarts != o_.max_restarts || nnodes != o_.nnodes)
@@ -405,7 +377,7 @@ class Launcher {
       if (!done && !workers_.any_running()) {
         stop_workers(SIGTERM);  // drains output, sweeps leftover processes of the groups
         done = true;
-        guarded([&] { store_->set(key(attempt, "done_" + std::to_string(o_.node_rank)), bytes("1")); });
+        guarded([&] { store_->set(key(attempt, "done_" + std::to_string(o_.node_rank)), "1"); });
         if (o_.nnodes > 1)
           log::info(strf("[launch] attempt %d: this node's workers exited 0; waiting for the other nodes", attempt));
         poll_now = true;
@@ -438,7 +410,7 @@ class Launcher {
     if (local) {
       int64_t n = guarded([&] { return store_->add(key(attempt, "failed"), 1); });
       if (n == 1) {
-        guarded([&] { store_->set(key(attempt, "failure"), bytes(local->encode())); });
+        guarded([&] { store_->set(key(attempt, "failure"), local->encode()); });
         out.failure = *local;
         return out;
       }
@@ -448,7 +420,7 @@ class Launcher {
       if (seconds_since(t0) > 30) throw Error(strf("attempt %d failed on another node, which did not say how", attempt));
       pump(20);
     }
-    out.failure = Failure::decode(str(guarded([&] { return store_->get(key(attempt, "failure")); })));
+    out.failure = Failure::decode(guarded([&] { return store_->get(key(attempt, "failure")); }));
     if (local && out.failure.rank == local->rank) out.failure = *local;
     return out;
   }
@@ -474,7 +446,8 @@ class Launcher {
 
   const Options& o_;
   const std::string prefix_;  // "launch/<run_id>/"
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<StoreServer> server_;  // node 0 only
+  std::unique_ptr<StoreClient> store_;
   int port_ = 0;                 // the store's port (the chosen one with --standalone)
   std::vector<int> node_nproc_;  // workers per node, from the rendezvous
   std::vector<int> signals_;     // SIGINT/SIGTERM/SIGHUP received, oldest first

@@ -1,6 +1,7 @@
-// The launcher of one node: rendezvous with the other nodes' launchers over node 0's c10d
-// TCPStore, attempts of the worker group (workers.h), restarts on failure, signal forwarding, and
-// the exit code. The store's keys are described in launcher.cpp, the exit codes in main.cpp.
+// The launcher of one node: rendezvous with the other nodes' launchers over node 0's store (a
+// c10d TCPStore to the workers, store.h), attempts of the worker group (workers.h), restarts on
+// failure, signal forwarding, and the exit code. The store's keys are described in launcher.cpp,
+// the exit codes in main.cpp.
 #pragma once
 
 #include "launch/launcher/options.h"

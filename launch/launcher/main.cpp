@@ -5,8 +5,9 @@
 //   launch [options] [--] COMMAND [ARGS...]        (`launch --help` lists the options)
 //
 // Files: options.h (command line), launcher.h (rendezvous over node 0's TCPStore, attempts,
-// restarts; the store's keys are described in launcher.cpp), workers.h (this node's workers:
-// environment, output, stopping).
+// restarts; the store's keys are described in launcher.cpp), store.h (the store: c10d's TCPStore
+// protocol without LibTorch, server and client), workers.h (this node's workers: environment,
+// output, stopping).
 //
 // Logs: every worker's stdout and stderr go to this launcher's stdout and stderr, each line
 // prefixed with "[rank<r>]: ", and both (unprefixed) to LOG_DIR/<run_id>/attempt_<n>/rank_<r>.log

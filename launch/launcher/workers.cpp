@@ -18,7 +18,6 @@
 #include <utility>
 
 #include "common/clock.h"
-#include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -115,7 +114,9 @@ SpawnOptions WorkerGroup::spawn_options(const Worker& w, int attempt, int world,
   so.set_env("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
   so.set_env("TORCHELASTIC_RUN_ID", o_.run_id);
   so.set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
-  if (!std::getenv(compat::kNcclAsyncErrorHandlingVar)) so.set_env(compat::kNcclAsyncErrorHandlingVar, "1");
+  // torchrun 2.x's name (2.2 renamed NCCL_ASYNC_ERROR_HANDLING; the old name warns there); the trainer
+  // maps it for LibTorch 1.13.
+  if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) so.set_env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (!std::getenv("OMP_NUM_THREADS") && o_.nproc_per_node > 1) so.set_env("OMP_NUM_THREADS", "1");
   so.in = Redirect::null();
   so.out = Redirect::pipe();
