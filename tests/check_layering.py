@@ -3,7 +3,7 @@
 
 Every project include ("folder/...") in a source file must point at its own top-level folder or
 one the rule allows below it. Torch-free code stays so: nothing in common/ outside common/torch/,
-nothing in data/ and nothing in launch/launcher/ (the launcher speaks c10d's store protocol itself)
+nothing in data/, launch/ (the launcher speaks c10d's store protocol itself) and tools/report/
 includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or common/torch/. Prints each
 violation as FILE:LINE and exits 1 when there is any.
 bench/ and tests/ may include anything. Usage: check_layering.py [REPO_ROOT]
@@ -23,7 +23,7 @@ ALLOWED = {
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<((?:torch|ATen|c10)/[^>]+)>')
 # Folders that never see LibTorch (common/torch/ aside).
-TORCH_FREE = ("common", "data", os.path.join("launch", "launcher"))
+TORCH_FREE = ("common", "data", "launch", os.path.join("tools", "report"))
 
 
 def violations(root):
