@@ -16,7 +16,9 @@ namespace {
 
 const char* kUsage =
     "usage: trainer CONFIG.yaml [dotted.key=value ...]\n"
-    "  Trains the experiment described by CONFIG.yaml; overrides beat the file.\n";
+    "       trainer --keys\n"
+    "  Trains the experiment described by CONFIG.yaml; overrides beat the file.\n"
+    "  --keys  prints every config key: its default, allowed values and description.\n";
 
 bool is_file(const std::string& path) {
   struct stat st;
@@ -29,6 +31,10 @@ int trainer_cli(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
     std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (args.size() == 1 && args[0] == "--keys") {
+    std::fputs(describe_keys().c_str(), stdout);
     return kExitOk;
   }
   if (args.empty()) throw UsageError("missing CONFIG.yaml (usage: trainer CONFIG.yaml [dotted.key=value ...])");

@@ -1,5 +1,5 @@
-// YAML file + overrides -> ExperimentConfig (see config.h). The schema below is the single list of
-// every public config key, its type, its range and its one-line meaning.
+// YAML file + overrides -> ExperimentConfig (see config.h). describe() below is the single list of
+// every public config key: its type, its allowed values and its one description (`trainer --keys`).
 #include "trainer/config.h"
 
 #include <nlohmann/json.hpp>
@@ -21,6 +21,7 @@
 #include "common/errors.h"
 #include "common/text.h"
 #include "models/registry.h"
+#include "trainer/config_schema.h"
 #include "trainer/config_values.h"
 #include "trainer/telemetry/profiler.h"
 
@@ -28,250 +29,180 @@ namespace lm {
 namespace {
 
 using namespace config_values;
+using config_schema::Field;
+using config_schema::Schema;
+using config_schema::choices_text;
 
 // Where a value came from, for error messages: "configs/x.yaml:12" or "override 'a.b=c'".
 using Where = std::string;
 
-struct Field {
-  std::string key;
-  std::string doc;
-  // Parses a scalar (or sequence) node into the bound member; throws BadValue on a bad value.
-  std::function<void(const YAML::Node&)> set;
-  // The current value as YAML text.
-  std::function<std::string()> get;
-  // JSON type of the value: 'i' integer (-1 = "auto" where allowed), 'n' number, 'b' bool, 's' string,
-  // 'y' a structured value (YAML flow text).
-  char type = 's';
-};
-
-class Schema {
- public:
-  void integer(const std::string& key, int64_t* p, const std::string& doc, int64_t lo,
-               int64_t hi = std::numeric_limits<int64_t>::max()) {
-    add(key, doc, [=](const YAML::Node& n) {
-      int64_t v = parse_int(n);
-      if (v < lo || v > hi)
-        bad("must be " + (hi == std::numeric_limits<int64_t>::max()
-                              ? ">= " + std::to_string(lo)
-                              : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") +
-            ", got " + std::to_string(v));
-      *p = v;
-    }, [=] { return std::to_string(*p); }, 'i');
-  }
-  // lo_open: value must be > lo (else >= lo).
-  void number(const std::string& key, double* p, const std::string& doc, double lo, bool lo_open,
-              double hi = std::numeric_limits<double>::infinity(), bool hi_open = false) {
-    add(key, doc, [=](const YAML::Node& n) {
-      double v = parse_double(n);
-      bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-      if (!ok) {
-        std::string r = std::string(lo_open ? "(" : "[") + fmt_double(lo) + ", " +
-                        (std::isinf(hi) ? "inf)" : fmt_double(hi) + (hi_open ? ")" : "]"));
-        bad("must be in " + r + ", got " + fmt_double(v));
-      }
-      *p = v;
-    }, [=] { return fmt_double(*p); }, 'n');
-  }
-  // An integer >= lo, or the word "auto" (stored as -1).
-  void integer_or_auto(const std::string& key, int64_t* p, const std::string& doc, int64_t lo) {
-    add(key, doc, [=](const YAML::Node& n) {
-      if (n.IsScalar() && n.Scalar() == "auto") {
-        *p = -1;
-        return;
-      }
-      int64_t v;
-      try {
-        v = parse_int(n);
-      } catch (const BadValue&) {
-        bad("expected an integer or auto, got '" + scalar_of(n) + "'");
-      }
-      if (v < lo) bad("must be >= " + std::to_string(lo) + " or auto, got " + std::to_string(v));
-      *p = v;
-    }, [=] { return *p == -1 ? std::string("auto") : std::to_string(*p); }, 'i');
-  }
-  void boolean(const std::string& key, bool* p, const std::string& doc) {
-    add(key, doc, [=](const YAML::Node& n) { *p = parse_bool(n); },
-        [=] { return std::string(*p ? "true" : "false"); }, 'b');
-  }
-  // shown: the value printed (default: *p).
-  void text(const std::string& key, std::string* p, const std::string& doc,
-            std::function<std::string()> shown = nullptr) {
-    add(key, doc, [=](const YAML::Node& n) { *p = n.IsNull() ? "" : scalar_of(n); },
-        [=] { return quote(shown ? shown() : *p); });
-  }
-  void choice(const std::string& key, std::string* p, const std::string& doc,
-              std::vector<std::string> allowed) {
-    add(key, doc, [=](const YAML::Node& n) {
-      std::string v = scalar_of(n);
-      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-        std::string all;
-        for (auto& a : allowed) all += (all.empty() ? "" : "|") + a;
-        bad("must be one of " + all + ", got '" + v + "'");
-      }
-      *p = v;
-    }, [=] { return *p; });
-  }
-
-  // A structured value (a YAML list of maps) parsed by `parse` and printed back as YAML flow text by
-  // `print`; an override gives the same as YAML flow text ("data.sources=[{name: a, path: d}]").
-  void structured(const std::string& key, const std::string& doc, std::function<void(const YAML::Node&)> parse,
-                  std::function<std::string()> print) {
-    add(key, doc, [=](const YAML::Node& n) {
-      if (n.IsScalar()) {
-        YAML::Node parsed;
-        try {
-          parsed = YAML::Load(n.Scalar());
-        } catch (const YAML::Exception& e) {
-          bad("cannot parse '" + n.Scalar() + "': " + e.msg);
-        }
-        return parse(parsed);
-      }
-      parse(n);
-    }, std::move(print), 'y');
-  }
-
-  const Field* find(const std::string& key) const {
-    for (auto& f : fields_)
-      if (f.key == key) return &f;
-    return nullptr;
-  }
-  const std::vector<Field>& fields() const { return fields_; }
-  bool is_section(const std::string& prefix) const {
-    for (auto& f : fields_)
-      if (f.key.rfind(prefix + ".", 0) == 0) return true;
-    return false;
-  }
-
- private:
-  void add(const std::string& key, const std::string& doc, std::function<void(const YAML::Node&)> set,
-           std::function<std::string()> get, char type = 's') {
-    fields_.push_back({key, doc, std::move(set), std::move(get), type});
-  }
-  std::vector<Field> fields_;
-};
-
-// THE list of config keys. Defaults live in the component Config structs.
-void describe_training(Schema& s, ExperimentConfig& c);
-
-void describe(Schema& s, ExperimentConfig& c) {
-  s.text("run.dir", &c.run.dir, "run directory");
-  s.integer("run.seed", &c.run.seed, "seed for init, dropout and data order", 0);
-  s.boolean("run.skip_memory_check", &c.run.skip_memory_check, "start even when the memory estimate exceeds what is available");
-
-  // data.*: types and choices only; the data component owns the ranges (lm::validate, data_config.h).
-  const int64_t any = std::numeric_limits<int64_t>::min();
+// THE list of config keys: each key's type, allowed values and its one description (printed by
+// `trainer --keys`). Defaults live in the component Config structs.
+void describe_data(Schema& s, DataConfig& d) {
+  // data.*: the parser checks types and choices; the data component owns the ranges (lm::validate,
+  // data_config.cpp), shown here through integer_checked_later.
   // data.train, data.text and data.text_field become the one source "train" (resolve_train_form)
   // and are printed back from it.
-  DataConfig* d = &c.data;
-  auto train_key = [d](std::string SourceConfig::*m, const std::string* raw) {
-    return [=] { return d->train_form ? d->sources.at(0).*m : *raw; };
+  DataConfig* dp = &d;
+  auto train_key = [dp](std::string SourceConfig::*m, const std::string* raw) {
+    return [=] { return dp->train_form ? dp->sources.at(0).*m : *raw; };
   };
-  s.text("data.train", &d->train, "prepared dataset directory (from prep), its http(s):// or s3:// URL, or raw text",
-         train_key(&SourceConfig::path, &d->train));
-  s.structured("data.sources", sources_doc(), [d](const YAML::Node& n) { parse_sources(n, &d->sources); },
-               [d] { return print_sources(d->train_form ? std::vector<SourceConfig>{} : d->sources); });
-  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]",
-               [p = &c.data.stages](const YAML::Node& n) { parse_stages(n, p); },
-               [p = &c.data.stages] { return print_stages(*p); });
-  s.text("data.text", &d->text, "raw text in data.train, one document per: line | paragraph | jsonl; empty = prepared",
-         train_key(&SourceConfig::text, &d->text));
-  s.text("data.text_field", &d->text_field, "raw text: the JSONL field holding the text",
-         train_key(&SourceConfig::text_field, &d->text_field));
-  s.text("data.tokenizer", &c.data.tokenizer, "raw text: bytes | a sentencepiece .model file");
-  s.number("data.val_fraction", &c.data.val_fraction, "raw text: share of documents in the val split", 0, false, 1, false);
-  s.integer("data.split_seed", &c.data.split_seed, "raw text: seed of the document hash deciding the split", 0);
-  s.text("data.val", &c.data.val, "validation dataset directory; empty = val split of data.train (or the first source)");
-  s.choice("data.mode", &c.data.mode, "packed windows or bucketed documents", data_choices::mode);
-  s.integer("data.workers", &c.data.workers, "loader threads building batches", any);
-  s.integer("data.prefetch", &c.data.prefetch, "batches built ahead (queue depth)", any);
-  s.boolean("data.shuffle", &c.data.shuffle, "shuffle shard order and samples");
-  s.integer("data.shuffle_buffer", &c.data.shuffle_buffer, "samples per shuffle/bucketing block", any);
-  s.choice("data.long_docs", &c.data.long_docs, "bucketed: documents over seq_len+1 tokens", data_choices::long_docs);
-  s.integer("data.pad_multiple", &c.data.pad_multiple, "bucketed: pad length to a multiple of this", any);
-  s.integer("data.token_budget", &c.data.token_budget, "bucketed: padded tokens per rank; 0 = micro_batch_size rows", any);
-  s.choice("data.verify", &c.data.verify, "shard checksums: on first open or all at start", data_choices::verify);
-  s.boolean("data.reuse_batch", &c.data.reuse_batch, "benchmark: reuse the first step's batches (no reading)");
-  s.text("data.cache_dir", &c.data.cache_dir, "remote datasets: local shard cache (shared by runs)");
-  s.number("data.cache_limit_mb", &c.data.cache_limit_mb, "remote datasets: MiB the cache may hold", 0, true);
-  s.number("data.remote_timeout_s", &c.data.remote_timeout_s, "remote datasets: longest fault before the run ends", 0, true);
-  s.integer("data.remote_ahead", &c.data.remote_ahead, "remote datasets: shards fetched ahead of the block in use", any);
+  s.text("data.train", &d.train, "the training data: a prep output directory, its http(s):// or s3:// URL, or raw text "
+         "files (data.text); or use data.sources", "path or URL", train_key(&SourceConfig::path, &d.train));
+  s.structured("data.sources", sources_doc(), "list of maps",
+               [dp](const YAML::Node& n) { parse_sources(n, &dp->sources); },
+               [dp] { return print_sources(dp->train_form ? std::vector<SourceConfig>{} : dp->sources); });
+  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]; empty = the "
+               "sources' weights throughout", "list of maps",
+               [dp](const YAML::Node& n) { parse_stages(n, &dp->stages); }, [dp] { return print_stages(dp->stages); });
+  s.text("data.text", &d.text, "raw text in data.train: one document per line, paragraph or jsonl record; empty = a "
+         "prepared dataset", choices_text(data_choices::text), train_key(&SourceConfig::text, &d.text));
+  s.text("data.text_field", &d.text_field, "raw text, jsonl: the field holding the text", "field name",
+         train_key(&SourceConfig::text_field, &d.text_field));
+  s.text("data.tokenizer", &d.tokenizer, "raw text: bytes, or a sentencepiece .model file (e.g. a prep output's "
+         "tokenizer.model)", "bytes or path");
+  s.number("data.val_fraction", &d.val_fraction, "raw text: share of documents in the val split (as prep --val-fraction)",
+           0, false, 1, false);
+  s.integer("data.split_seed", &d.split_seed, "raw text: seed of the document hash deciding the split (as prep "
+            "--split-seed)", 0);
+  s.text("data.val", &d.val, "validation dataset directory or URL; empty = the val split of data.train (or of the "
+         "first source)", "path or URL");
+  s.choice("data.mode", &d.mode, "packed: EOS-joined windows of model.seq_len+1 tokens; bucketed: one document per "
+           "sample, in padded batches", data_choices::mode);
+  s.integer_checked_later("data.workers", &d.workers, "loader threads building batches", 1, 256);
+  s.integer_checked_later("data.prefetch", &d.prefetch, "batches built ahead of the training loop (queue depth)", 1, 1024);
+  s.boolean("data.shuffle", &d.shuffle, "shuffle shard order and samples (else the manifest's order)");
+  s.integer_checked_later("data.shuffle_buffer", &d.shuffle_buffer, "samples per shuffle block (and per bucketing "
+                          "block)", 1, int64_t{1} << 30);
+  s.choice("data.long_docs", &d.long_docs, "bucketed: a document over model.seq_len+1 tokens is truncated or split",
+           data_choices::long_docs);
+  s.integer_checked_later("data.pad_multiple", &d.pad_multiple, "bucketed: a batch's length is padded up to a multiple "
+                          "of this; 1 = no padding", 1, int64_t{1} << 20);
+  s.integer_checked_later("data.token_budget", &d.token_budget, "bucketed: padded tokens per rank, rows chosen so "
+                          "that rows x padded length <= this (at least model.seq_len); 0 = train.micro_batch_size rows", 0);
+  s.choice("data.verify", &d.verify, "shard checksums: lazy = each shard on its first open, full = all at start",
+           data_choices::verify);
+  s.boolean("data.reuse_batch", &d.reuse_batch, "benchmark only: every step re-trains the first step's batches (no reading)");
+  s.text("data.cache_dir", &d.cache_dir, "remote datasets: the local shard cache, shared by every run that names it",
+         "non-empty path");
+  s.number("data.cache_limit_mb", &d.cache_limit_mb, "remote datasets: MiB the shard cache may hold", 0, true);
+  s.number("data.remote_timeout_s", &d.remote_timeout_s, "remote datasets: seconds a fault may last before the run "
+           "ends (after a checkpoint)", 0, true);
+  s.integer_checked_later("data.remote_ahead", &d.remote_ahead, "remote datasets: shards fetched ahead of the shuffle "
+                          "block in use", 0, 1024);
+}
 
-  s.choice("model.arch", &c.model.arch, "model architecture (models/registry.h)", arch_names());
-  s.integer("model.n_layer", &c.model.n_layer, "transformer blocks", 1, 1024);
-  s.integer("model.n_head", &c.model.n_head, "attention heads", 1, 1024);
-  s.integer("model.d_model", &c.model.d_model, "residual width", 1, 1 << 16);
-  s.integer("model.seq_len", &c.model.seq_len, "context length", 1, 1 << 20);
-  s.number("model.dropout", &c.model.dropout, "dropout probability", 0, false, 1, true);
-  s.integer("model.vocab_size", &c.model.vocab_size, "vocabulary; 0 = from data manifest", 0);
-  s.integer("model.vocab_multiple", &c.model.vocab_multiple, "pad vocabulary to a multiple", 1);
-  s.number("model.init_std", &c.model.init_std, "std of normal weight init", 0, true);
-  s.text("model.init_from", &c.model.init_from, "Hugging Face directory to start from; empty = fresh init");
-  s.integer("model.n_kv_head", &c.model.n_kv_head, "llama: key/value heads; 0 = n_head", 0, 1024);
-  s.number("model.norm_eps", &c.model.norm_eps, "llama: RMSNorm epsilon", 0, true);
-  s.number("model.rope_theta", &c.model.rope_theta, "llama: RoPE base", 0, true);
-  s.integer("model.ffn_multiple_of", &c.model.ffn_multiple_of, "llama: SwiGLU width rounded to a multiple", 1);
-  s.number("model.ffn_dim_multiplier", &c.model.ffn_dim_multiplier, "llama: SwiGLU width multiplier; 0 = none", 0, false);
-  s.boolean("model.tie_embeddings", &c.model.tie_embeddings, "llama: output head shares the token embedding");
+void describe_model(Schema& s, ModelConfig& m) {
+  s.choice("model.arch", &m.arch, "model architecture (models/registry.h)", arch_names());
+  s.integer("model.n_layer", &m.n_layer, "transformer blocks", 1, 1024);
+  s.integer("model.n_head", &m.n_head, "attention heads; must divide model.d_model", 1, 1024);
+  s.integer("model.d_model", &m.d_model, "residual width", 1, 1 << 16);
+  s.integer("model.seq_len", &m.seq_len, "context length in tokens (gpt: learned positions; llama: the RoPE table)",
+            1, 1 << 20);
+  s.number("model.dropout", &m.dropout, "gpt: dropout probability on embeddings, attention weights and residual "
+           "branches", 0, false, 1, true);
+  s.integer("model.vocab_size", &m.vocab_size, "vocabulary size; 0 = the data manifest's vocabulary", 0);
+  s.integer("model.vocab_multiple", &m.vocab_multiple, "vocabulary padded up to a multiple of this", 1);
+  s.number("model.init_std", &m.init_std, "std of the normal weight init (see each architecture's init_weights)", 0, true);
+  s.text("model.init_from", &m.init_from, "Hugging Face directory (model.safetensors) to start from; empty = fresh init",
+         "path or empty");
+  s.integer("model.n_kv_head", &m.n_kv_head, "llama: key/value heads (grouped-query attention); 0 = model.n_head", 0, 1024);
+  s.number("model.norm_eps", &m.norm_eps, "llama: RMSNorm epsilon", 0, true);
+  s.number("model.rope_theta", &m.rope_theta, "llama: RoPE base", 0, true);
+  s.integer("model.ffn_multiple_of", &m.ffn_multiple_of, "llama: SwiGLU hidden width rounded up to a multiple of this", 1);
+  s.number("model.ffn_dim_multiplier", &m.ffn_dim_multiplier, "llama: SwiGLU hidden width multiplier; 0 = none (Llama's "
+           "None)", 0, false);
+  s.boolean("model.tie_embeddings", &m.tie_embeddings, "llama: the output head shares the token embedding");
+}
 
+void describe_training(Schema& s, ExperimentConfig& c);
+void describe_telemetry(Schema& s, ExperimentConfig& c);
+
+void describe(Schema& s, ExperimentConfig& c) {
+  s.text("run.dir", &c.run.dir, "run directory: config, metrics, logs, checkpoints", "non-empty path");
+  s.integer("run.seed", &c.run.seed, "seed of model init, dropout and data order", 0);
+  s.boolean("run.skip_memory_check", &c.run.skip_memory_check, "start even when the memory estimate exceeds what is "
+            "available");
+  describe_data(s, c.data);
+  describe_model(s, c.model);
   describe_training(s, c);
 }
 
-// The optimizer, schedule, training, checkpoint, evaluation and logging keys.
+// The optimizer, schedule, training and checkpoint keys.
 void describe_training(Schema& s, ExperimentConfig& c) {
-  s.number("optim.lr", &c.optim.lr, "peak learning rate", 0, true);
-  s.number("optim.beta1", &c.optim.beta1, "AdamW beta1", 0, false, 1, true);
-  s.number("optim.beta2", &c.optim.beta2, "AdamW beta2", 0, false, 1, true);
-  s.number("optim.eps", &c.optim.eps, "AdamW epsilon", 0, true);
-  s.number("optim.weight_decay", &c.optim.weight_decay, "decoupled weight decay", 0, false);
-  s.number("optim.grad_clip", &c.optim.grad_clip, "max grad norm; 0 = off", 0, false);
-  s.choice("optim.fused", &c.optim.fused, "at::_fused_adamw_ gated on the device; auto = on CUDA (CPU: LibTorch >= 2.4)",
+  s.number("optim.lr", &c.optim.lr, "peak learning rate (after warmup)", 0, true);
+  s.number("optim.beta1", &c.optim.beta1, "AdamW first-moment decay", 0, false, 1, true);
+  s.number("optim.beta2", &c.optim.beta2, "AdamW second-moment decay", 0, false, 1, true);
+  s.number("optim.eps", &c.optim.eps, "AdamW denominator epsilon", 0, true);
+  s.number("optim.weight_decay", &c.optim.weight_decay, "decoupled weight decay, of matrices only (not biases, norms, "
+           "embeddings)", 0, false);
+  s.number("optim.grad_clip", &c.optim.grad_clip, "max global gradient norm; 0 = no clipping", 0, false);
+  s.choice("optim.fused", &c.optim.fused, "the update as at::_fused_adamw_, a non-finite step skipped on the device: "
+           "auto = on CUDA (LibTorch >= 2.1), on = also on CPU (LibTorch >= 2.4), off = the flat update",
            {"auto", "on", "off"});
 
-  s.choice("schedule.kind", &c.schedule.kind, "lr schedule after warmup",
+  s.choice("schedule.kind", &c.schedule.kind, "learning-rate schedule after the linear warmup",
            {"cosine", "linear", "constant"});
-  s.integer("schedule.warmup_steps", &c.schedule.warmup_steps, "linear warmup steps", 0);
-  s.number("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, "final lr / peak lr", 0, false, 1);
-  s.integer("schedule.decay_steps", &c.schedule.decay_steps, "end of decay; 0 = train.max_steps", 0);
+  s.integer("schedule.warmup_steps", &c.schedule.warmup_steps, "steps of linear warmup from 0 to optim.lr", 0);
+  s.number("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, "cosine and linear end at optim.lr x this", 0, false, 1);
+  s.integer("schedule.decay_steps", &c.schedule.decay_steps, "step at which the decay ends; 0 = train.max_steps", 0);
 
   s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
-  s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch", 1);
-  s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per step", 1);
+  s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch (one forward/backward)", 1);
+  s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per optimizer step", 1);
   s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = 1 on CPU, LibTorch's default on CUDA", 0, 1024);
-  s.choice("train.device", &c.train.device, "compute device", {"auto", "cpu", "cuda"});
+  s.choice("train.device", &c.train.device, "compute device; auto = cuda when available, else cpu", {"auto", "cpu", "cuda"});
+  s.choice("train.dtype", &c.train.dtype, "compute dtype; bf16 = autocast with fp32 master weights and optimizer state "
+           "(CPU: LibTorch >= 2.4)", {"fp32", "bf16"});
+  s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights, updated every step; 0 = off", 0, false, 1, true);
 
-  s.choice("train.dtype", &c.train.dtype, "compute dtype (bf16: autocast; on CPU LibTorch >= 2.4)", {"fp32", "bf16"});
-  s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights per step; 0 = off", 0, false, 1, true);
-
-  s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = at the end; auto", 0);
-  s.number("checkpoint.mtbf_hours", &c.checkpoint.mtbf_hours, "MTBF per node for every_steps: auto (the job's is this / nodes)", 0, true);
+  s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = only at the end; "
+                    "auto = the Young/Daly interval from checkpoint.mtbf_hours", 0);
+  s.number("checkpoint.mtbf_hours", &c.checkpoint.mtbf_hours, "every_steps auto: hours between failures of one node "
+           "(the job's MTBF is this / nodes)", 0, true);
   s.integer("checkpoint.keep_last", &c.checkpoint.keep_last, "newest checkpoints kept; 0 = all", 0);
-  s.integer("checkpoint.keep_every", &c.checkpoint.keep_every, "milestone steps never deleted; 0 = none", 0);
-  s.text("checkpoint.resume", &c.checkpoint.resume, "auto | none | checkpoint directory");
-  s.boolean("checkpoint.force", &c.checkpoint.force, "resume despite architecture/data mismatch");
-  s.boolean("checkpoint.async", &c.checkpoint.async, "write checkpoints in the background");
-  s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save", {"stop", "continue"});
-  s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "wait for other ranks' files", 0, true);
-
-  s.choice("dist.backend", &c.dist.backend, "process group backend; auto: gloo/nccl at world size > 1, a named one also at world size 1", {"auto", "nccl", "gloo"});
-  s.number("dist.timeout_s", &c.dist.timeout_s, "collective and rendezvous timeout", 0, true);
-  s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size (MB)", 0, true);
-
-  s.integer("log.every_steps", &c.log.every_steps, "log every N steps", 1);
-  s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = built-in table", 0, false);
-  s.number("log.long_window_s", &c.log.long_window_s, "long-window aggregate period (s)", 0, true);
-  s.boolean("log.tensorboard", &c.log.tensorboard, "write TensorBoard event files");
-  s.text("log.profile_steps", &c.log.profile_steps, "A-B: profile steps A..B (Chrome trace)");
-
-  s.number("anomaly.spike_factor", &c.anomaly.spike_factor, "loss spike: above k x running mean; 0 = off", 0, false);
-  s.integer("anomaly.window", &c.anomaly.window, "running-mean window (steps)", 1);
-  s.integer("anomaly.warmup_steps", &c.anomaly.warmup_steps, "no spike checks before this step", 0);
-  s.choice("anomaly.action", &c.anomaly.action, "on an anomaly", {"continue", "skip", "stop"});
-  s.integer("anomaly.max_dumps", &c.anomaly.max_dumps, "anomaly directories written at most", 0);
-
-  s.integer("eval.every_steps", &c.eval.every_steps, "validate every N steps; 0 = at end", 0);
-  s.integer("eval.batches", &c.eval.batches, "validation micro-batches; 0 = none", 0);
+  s.integer("checkpoint.keep_every", &c.checkpoint.keep_every, "checkpoints at multiples of this step are never "
+            "deleted; 0 = none", 0);
+  s.text("checkpoint.resume", &c.checkpoint.resume, "auto = the newest valid checkpoint in run.dir, none = fresh "
+         "start, or a checkpoint directory", "auto|none|path");
+  s.boolean("checkpoint.force", &c.checkpoint.force, "resume even when the model architecture or data version differ");
+  s.boolean("checkpoint.async", &c.checkpoint.async, "snapshot, then write checkpoints in the background while "
+            "training continues");
+  s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save: stop = exit 1, continue = warn and keep "
+           "training", {"stop", "continue"});
+  s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "seconds rank 0 waits for the other ranks' "
+           "checkpoint files", 0, true);
+  describe_telemetry(s, c);
 }
 
+// The distributed, logging, anomaly and evaluation keys.
+void describe_telemetry(Schema& s, ExperimentConfig& c) {
+  s.choice("dist.backend", &c.dist.backend, "process group backend; auto = nccl on CUDA, gloo on CPU, at world size > 1; "
+           "a named one also at world size 1", {"auto", "nccl", "gloo"});
+  s.number("dist.timeout_s", &c.dist.timeout_s, "seconds after which the rendezvous or any collective fails", 0, true);
+  s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size in MB (10^6 bytes)", 0, true);
+
+  s.integer("log.every_steps", &c.log.every_steps, "a console line, metrics.jsonl and TensorBoard record every N steps", 1);
+  s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = the built-in table (H100, "
+           "H200, A100; other devices: no MFU)", 0, false);
+  s.number("log.long_window_s", &c.log.long_window_s, "seconds per long-window aggregate (mean/min/max tokens/s and MFU)",
+           0, true);
+  s.boolean("log.tensorboard", &c.log.tensorboard, "write a TensorBoard event file in run.dir");
+  s.text("log.profile_steps", &c.log.profile_steps, "A-B: a Chrome trace of steps A..B in RUN_DIR/profile/; empty = off",
+         "A-B (1 <= A <= B) or empty");
+
+  s.number("anomaly.spike_factor", &c.anomaly.spike_factor, "a loss above this times its running mean is a spike; 0 = off",
+           0, false);
+  s.integer("anomaly.window", &c.anomaly.window, "steps in the loss's running mean", 1);
+  s.integer("anomaly.warmup_steps", &c.anomaly.warmup_steps, "no spike checks before this step (non-finite values always "
+            "count)", 0);
+  s.choice("anomaly.action", &c.anomaly.action, "on an anomaly: continue, skip (no weight update) or stop (checkpoint, "
+           "exit 1)", {"continue", "skip", "stop"});
+  s.integer("anomaly.max_dumps", &c.anomaly.max_dumps, "anomaly directories written at most", 0);
+
+  s.integer("eval.every_steps", &c.eval.every_steps, "validation loss every N steps and at the end; 0 = only at the end", 0);
+  s.integer("eval.batches", &c.eval.batches, "validation micro-batches per evaluation; 0 = no validation", 0);
+}
 std::string closest_key(const Schema& s, const std::string& key) {
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
@@ -526,6 +457,31 @@ std::string to_json(const ExperimentConfig& cfg_in) {
     }
   }
   return out.dump();
+}
+
+std::vector<KeyInfo> key_infos() {
+  ExperimentConfig def;
+  Schema s;
+  describe(s, def);
+  std::vector<KeyInfo> out;
+  for (auto& f : s.fields()) out.push_back({f.key, f.get(), f.allowed, f.doc});
+  return out;
+}
+
+std::string describe_keys() {
+  const auto keys = key_infos();
+  // Columns as wide as their widest cell, the default and allowed ones at most 32 (a wider cell,
+  // e.g. a long default, pushes the rest of its row).
+  size_t wk = 3, wd = 7, wa = 7;
+  for (const auto& k : keys) {
+    wk = std::max(wk, k.key.size());
+    wd = std::max(wd, std::min<size_t>(k.default_value.size(), 32));
+    wa = std::max(wa, std::min<size_t>(k.allowed.size(), 32));
+  }
+  auto cell = [](const std::string& v, size_t w) { return v + std::string(v.size() < w ? w - v.size() + 2 : 2, ' '); };
+  std::string out = cell("KEY", wk) + cell("DEFAULT", wd) + cell("ALLOWED", wa) + "DESCRIPTION\n";
+  for (const auto& k : keys) out += cell(k.key, wk) + cell(k.default_value, wd) + cell(k.allowed, wa) + k.doc + "\n";
+  return out;
 }
 
 std::vector<std::string> config_keys() {

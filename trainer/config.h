@@ -4,6 +4,9 @@
 // Precedence: command-line overrides > YAML file > defaults. Strict: an unknown key is rejected
 // naming the closest valid key; a wrong type or out-of-range value names the key (and FILE:LINE
 // when it came from the file); a YAML syntax error names the line. All throw ConfigError.
+//
+// Each key's description and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
+// (describe_keys() below) prints them with the defaults of the component Config structs.
 #pragma once
 
 #include <string>
@@ -42,6 +45,14 @@ std::string to_yaml(const ExperimentConfig& cfg);
 std::string to_table(const ExperimentConfig& cfg);
 // Every valid dotted key, in schema order.
 std::vector<std::string> config_keys();
+// One key as `trainer --keys` shows it: its default (as config.yaml writes it), its allowed values
+// and its one description.
+struct KeyInfo {
+  std::string key, default_value, allowed, doc;
+};
+std::vector<KeyInfo> key_infos();  // every key, in schema order
+// key_infos() as an aligned table with a header row: KEY, DEFAULT, ALLOWED, DESCRIPTION.
+std::string describe_keys();
 // The resolved config as nested JSON text ({"run": {"dir": ..., "seed": ...}, ...}), typed values.
 std::string to_json(const ExperimentConfig& cfg);
 

@@ -1,5 +1,7 @@
 // Configuration of the training data (YAML section `data:`) and its one validation (data_config.cpp,
 // in lm_data: the config loader, trainer/config.cpp in lm_config, and the Loader both call validate()).
+// The data.* keys' descriptions and allowed values are in describe() in trainer/config.cpp;
+// `trainer --keys` prints them with the defaults below (data.sources' entries: source_fields()).
 #pragma once
 
 #include <cstdint>
@@ -45,45 +47,45 @@ struct DataConfig {
   // THE training data: the sources, in order. The config loader turns data.train into the one source
   // named "train" (resolve_train_form); below the config there is no other form.
   std::vector<SourceConfig> sources;
-  std::vector<StageConfig> stages;    // mixture stages; empty = the sources' weights throughout
+  std::vector<StageConfig> stages;
   // The sources are data.train's one dataset: planned as one stream exactly as before mixtures
   // existed (loader.h: seeded by run.seed alone, bucketed across batches, no mixture state), and
   // printed back as data.train. Set only by resolve_train_form().
   bool train_form = false;
-  std::string val;    // directory (or URL) for validation; empty = the `val` split of the first source
+  std::string val;
 
   // data.train's keys as written (the config loader's input; empty after resolve_train_form()).
-  std::string train;                 // directory written by `prep`, its http(s):// or s3:// URL, or raw text
-  std::string text;                  // raw text in `train`: one document per line | paragraph | jsonl record
-  std::string text_field = "text";   // jsonl: the field holding the text
+  std::string train;
+  std::string text;
+  std::string text_field = "text";
 
   // Raw text sources (data/text/text_source.h): a source's path is text files that the loader
   // tokenizes, with prep's documents, tokens and split.
-  std::string tokenizer = "bytes";   // raw text: bytes | a sentencepiece .model (e.g. a prep output's tokenizer.model)
-  double val_fraction = 0.01;        // raw text: share of documents in the val split (as prep --val-fraction)
-  int64_t split_seed = 0;            // raw text: seed of the split hash (as prep --split-seed), >= 0
+  std::string tokenizer = "bytes";
+  double val_fraction = 0.01;
+  int64_t split_seed = 0;
 
   // The streaming loader (data/loader/loader.h).
-  std::string mode = "packed";       // packed: EOS-joined windows of seq_len+1 | bucketed: one document per sample
-  int64_t workers = 2;               // threads building batches, in [1, 256]
-  int64_t prefetch = 4;              // batches built ahead of the consumer (queue depth), in [1, 1024]
-  bool shuffle = true;               // shuffle shard order and samples (else the manifest's order)
-  int64_t shuffle_buffer = 4096;     // samples per shuffle block (and per bucketing block), in [1, 2^30]
-  std::string long_docs = "truncate";  // bucketed: a document over seq_len+1 tokens is truncated | split
-  int64_t pad_multiple = 8;          // bucketed: pad a batch's length up to a multiple of this (1 = none), in [1, 2^20]
-  int64_t token_budget = 0;          // bucketed: > 0 = rows per rank chosen so rows*padded_len <= this (>= seq_len)
-  std::string verify = "lazy";       // shard checksums: lazy (first open) | full (all at start)
-  bool reuse_batch = false;          // benchmark only: every step re-trains the first batches (no reading)
+  std::string mode = "packed";
+  int64_t workers = 2;
+  int64_t prefetch = 4;
+  bool shuffle = true;
+  int64_t shuffle_buffer = 4096;
+  std::string long_docs = "truncate";
+  int64_t pad_multiple = 8;
+  int64_t token_budget = 0;
+  std::string verify = "lazy";
+  bool reuse_batch = false;
   // The choices as the code asks them (the one place their strings are compared).
   bool bucketed() const { return mode == "bucketed"; }
   bool split_long_docs() const { return long_docs == "split"; }
   bool verify_full() const { return verify == "full"; }
 
   // Remote datasets (data/remote/store.h): the local cache and the fault tolerance.
-  std::string cache_dir = ".cache/shards";  // shared by every run that names it
-  double cache_limit_mb = 10240;     // MiB the cache may hold, > 0
-  double remote_timeout_s = 120;     // a fault longer than this ends the run after a checkpoint, > 0
-  int64_t remote_ahead = 2;          // shards fetched ahead of the shuffle block in use, in [0, 1024]
+  std::string cache_dir = ".cache/shards";
+  double cache_limit_mb = 10240;
+  double remote_timeout_s = 120;
+  int64_t remote_ahead = 2;
 };
 
 // The allowed values of the data.* choice keys (validate() and the config schema's choices).

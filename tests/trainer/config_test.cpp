@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "models/registry.h"
 #include "tests/testutil.h"
@@ -133,6 +135,124 @@ TEST(Config, MissingFile) {
 TEST(Config, ShippedConfigsLoad) {
   for (auto name : {"configs/tiny.yaml", "configs/kjv.yaml", "configs/gpt2-124m.yaml"})
     EXPECT_NO_THROW(load_config(test::source_path(name), {})) << name;
+}
+
+// The row of `key` in describe_keys(), split into its cells (runs of two or more spaces apart).
+std::vector<std::string> key_row(const std::string& table, const std::string& key) {
+  std::istringstream in(table);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + " ", 0) != 0) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 0; at < line.size();) {
+      const size_t gap = line.find("  ", at);
+      cells.push_back(line.substr(at, gap == std::string::npos ? std::string::npos : gap - at));
+      if (gap == std::string::npos) break;
+      at = line.find_first_not_of(' ', gap);
+    }
+    return cells;
+  }
+  ADD_FAILURE() << "no row for " << key;
+  return {};
+}
+
+TEST(Config, KeysDescribeEveryKeyWithItsDefault) {
+  const auto infos = key_infos();
+  const auto keys = config_keys();
+  ASSERT_EQ(infos.size(), keys.size());
+  const std::string table = describe_keys();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(infos[i].key, keys[i]);
+    EXPECT_FALSE(infos[i].doc.empty()) << keys[i];
+    EXPECT_FALSE(infos[i].allowed.empty()) << keys[i];
+    EXPECT_EQ(infos[i].doc.find('\n'), std::string::npos) << keys[i] << ": one line";
+    EXPECT_NE(table.find("\n" + keys[i] + " "), std::string::npos) << keys[i] << " has no row";
+  }
+  // The defaults are the default-constructed config's, as config.yaml writes them.
+  EXPECT_EQ(key_row(table, "train.max_steps"), (std::vector<std::string>{"train.max_steps", "1000", ">= 1", "optimizer steps"}));
+  EXPECT_EQ(key_row(table, "data.mode").at(1), "packed");
+  EXPECT_EQ(key_row(table, "data.mode").at(2), "packed|bucketed");
+  EXPECT_EQ(key_row(table, "model.dropout").at(2), "[0, 1)");
+  EXPECT_EQ(key_row(table, "checkpoint.every_steps").at(2), ">= 0 or auto");
+  EXPECT_EQ(key_row(table, "checkpoint.on_error").at(1), "stop");
+  EXPECT_EQ(key_row(table, "data.workers").at(2), "[1, 256]");
+  EXPECT_EQ(key_row(table, "run.dir").at(1), "runs/default");
+}
+
+// Every range and choice that --keys shows is what load_config checks: a value just past a bound and
+// a word that is not a choice are refused, a closed bound and each choice pass (the data.* ranges
+// are checked by lm::validate, apart from the schema).
+TEST(Config, KeysShowTheRangesLoadConfigChecks) {
+  // The error of key=v, "" when it loads (a model key under an architecture that reads it).
+  auto error_of = [](const std::string& key, const std::string& v) -> std::string {
+    std::vector<std::string> overrides;
+    if (key.rfind("model.", 0) == 0 && !arch_uses_key("gpt", key.substr(6))) overrides.push_back("model.arch=llama");
+    overrides.push_back(key + "=" + v);
+    try {
+      load_config("", overrides);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto refused = [&](const std::string& key, const std::string& v) {
+    const std::string e = error_of(key, v);
+    EXPECT_TRUE(e.empty() || e.find("key '" + key + "': ") != std::string::npos) << e;
+    return !e.empty();
+  };
+  // A bound itself passes the range check (another rule, e.g. n_head dividing d_model, may refuse it).
+  auto in_range = [&](const std::string& key, const std::string& v) {
+    return error_of(key, v).find("key '" + key + "': must be") == std::string::npos;
+  };
+  auto past = [](const std::string& bound, double by) {  // bound + by, as an integer where it is one
+    const double x = std::stod(bound) + by;
+    return x == std::floor(x) ? std::to_string(static_cast<long long>(x)) : std::to_string(x);
+  };
+  int checked = 0;
+  for (const auto& k : key_infos()) {
+    std::string a = k.allowed;
+    if (a.size() > 8 && a.compare(a.size() - 8, 8, " or auto") == 0) a.resize(a.size() - 8);
+    if (a.rfind(">= ", 0) == 0) {
+      EXPECT_TRUE(refused(k.key, past(a.substr(3), -1))) << k.key << " " << k.allowed;
+      EXPECT_TRUE(in_range(k.key, a.substr(3))) << k.key << " " << k.allowed;
+    } else if (a.rfind("> ", 0) == 0) {
+      EXPECT_TRUE(refused(k.key, a.substr(2))) << k.key << " " << k.allowed;
+    } else if (a[0] == '[' || a[0] == '(') {
+      const size_t comma = a.find(", ");
+      const std::string lo = a.substr(1, comma - 1), hi = a.substr(comma + 2, a.size() - comma - 3);
+      EXPECT_TRUE(refused(k.key, a[0] == '(' ? lo : past(lo, -1))) << k.key << " " << k.allowed;
+      EXPECT_TRUE(refused(k.key, a.back() == ')' ? hi : past(hi, 1))) << k.key << " " << k.allowed;
+      if (a[0] == '[') {
+        EXPECT_TRUE(in_range(k.key, lo)) << k.key << " " << k.allowed;
+      }
+      if (a.back() == ']') {
+        EXPECT_TRUE(in_range(k.key, hi)) << k.key << " " << k.allowed;
+      }
+    } else if (a.find('|') != std::string::npos && a.find("path") == std::string::npos) {
+      if (a.size() > 9 && a.compare(a.size() - 9, 9, " or empty") == 0) a.resize(a.size() - 9);
+      EXPECT_TRUE(refused(k.key, "no_such_choice")) << k.key << " " << k.allowed;
+      for (size_t at = 0; at <= a.size();) {
+        const size_t bar = std::min(a.find('|', at), a.size());
+        EXPECT_FALSE(refused(k.key, a.substr(at, bar - at))) << k.key << "=" << a.substr(at, bar - at);
+        at = bar + 1;
+      }
+    } else {
+      continue;  // free text: a path, a step range, a list
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 70);  // of 84 keys; the rest are free text
+}
+
+// `trainer --keys` prints describe_keys() and exits 0 (needs build/bin/trainer: ninja trainer).
+TEST(Config, TrainerKeysFlagPrintsTheTable) {
+  if (!stdfs::exists(test::bin_path("trainer"))) GTEST_SKIP() << "build/bin/trainer is not built";
+  const auto r = test::run_bin("trainer", {"--keys"});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\ncheckpoint.on_error "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out, describe_keys());
+  const auto help = test::run_bin("trainer", {"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("trainer --keys"), std::string::npos) << help.out;
 }
 
 // Hostile config files, as a new user would give them: duplicate keys, lists as keys, invalid

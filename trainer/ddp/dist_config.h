@@ -1,4 +1,6 @@
 // Configuration of data-parallel training (YAML section `dist:`). Torch-free.
+// The keys' descriptions and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
+// prints them with the defaults below.
 #pragma once
 
 #include <string>
@@ -6,9 +8,9 @@
 namespace lm {
 
 struct DistConfig {
-  std::string backend = "auto";  // auto (nccl on CUDA, gloo on CPU) | nccl | gloo
-  double timeout_s = 300;        // rendezvous and every collective fail after this long
-  double bucket_mb = 25;         // gradient all-reduce bucket size
+  std::string backend = "auto";
+  double timeout_s = 300;
+  double bucket_mb = 25;
 
   bool backend_auto() const { return backend == "auto"; }
 };
