@@ -298,7 +298,7 @@ class PlanWriter {
 
 }  // namespace
 
-std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out) {
+std::string try_write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out) {
   const std::string path = dir + "/" + plan.name;
   FileSystem& fs = file_system();
   int fd = -1;

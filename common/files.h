@@ -72,7 +72,7 @@ class AtomicFile {
 };
 
 // A file described as a head string followed by byte spans (e.g. a safetensors header and tensor
-// data). write_plan() writes it without throwing. A file of 1 MB or more with no head whose first
+// data). try_write_plan() writes it without throwing. A file of 1 MB or more with no head whose first
 // span starts 4096-byte aligned (an image staged for it: trainer/checkpoint/staging.h) is written
 // with direct I/O from that memory where the file system supports it (no page-cache copy); others
 // buffered.
@@ -93,7 +93,7 @@ struct WrittenFile {
 };
 // Writes dir/plan.name (plain create + write + fsync; the caller makes the directory atomic).
 // Returns "" on success, else an error message naming the file.
-std::string write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out);
+std::string try_write_plan(const std::string& dir, const FilePlan& plan, WrittenFile* out);
 
 // fsync a directory so a rename inside it is durable. Throws lm::Error naming the directory when it
 // cannot be opened or synced (EINVAL, a file system without directory fsync, is not an error).

@@ -40,7 +40,10 @@ using Where = std::string;
 // `trainer --keys`). Defaults live in the component Config structs.
 void describe_data(Schema& s, DataConfig& d) {
   // data.*: the parser checks types and choices; the data component owns the ranges (lm::validate,
-  // data_config.cpp), shown here through integer_checked_later.
+  // data_config.cpp, from data_ranges), shown here through integer_checked_later.
+  auto later = [&s](const std::string& key, int64_t* p, const std::string& doc, IntRange r) {
+    s.integer_checked_later(key, p, doc, r.lo, r.hi < 0 ? Schema::kNoMax : r.hi);
+  };
   // data.train, data.text and data.text_field become the one source "train" (resolve_train_form)
   // and are printed back from it.
   DataConfig* dp = &d;
@@ -64,22 +67,22 @@ void describe_data(Schema& s, DataConfig& d) {
   s.number("data.val_fraction", &d.val_fraction, "raw text: share of documents in the val split (as prep --val-fraction)",
            0, false, 1, false);
   s.integer("data.split_seed", &d.split_seed, "raw text: seed of the document hash deciding the split (as prep "
-            "--split-seed)", 0);
+            "--split-seed)", data_ranges::split_seed.lo);
   s.text("data.val", &d.val, "validation dataset directory or URL; empty = the val split of data.train (or of the "
          "first source)", "path or URL");
   s.choice("data.mode", &d.mode, "packed: EOS-joined windows of model.seq_len+1 tokens; bucketed: one document per "
            "sample, in padded batches", data_choices::mode);
-  s.integer_checked_later("data.workers", &d.workers, "loader threads building batches", 1, 256);
-  s.integer_checked_later("data.prefetch", &d.prefetch, "batches built ahead of the training loop (queue depth)", 1, 1024);
+  later("data.workers", &d.workers, "loader threads building batches", data_ranges::workers);
+  later("data.prefetch", &d.prefetch, "batches built ahead of the training loop (queue depth)", data_ranges::prefetch);
   s.boolean("data.shuffle", &d.shuffle, "shuffle shard order and samples (else the manifest's order)");
-  s.integer_checked_later("data.shuffle_buffer", &d.shuffle_buffer, "samples per shuffle block (and per bucketing "
-                          "block)", 1, int64_t{1} << 30);
+  later("data.shuffle_buffer", &d.shuffle_buffer, "samples per shuffle block (and per bucketing block)",
+        data_ranges::shuffle_buffer);
   s.choice("data.long_docs", &d.long_docs, "bucketed: a document over model.seq_len+1 tokens is truncated or split",
            data_choices::long_docs);
-  s.integer_checked_later("data.pad_multiple", &d.pad_multiple, "bucketed: a batch's length is padded up to a multiple "
-                          "of this; 1 = no padding", 1, int64_t{1} << 20);
-  s.integer_checked_later("data.token_budget", &d.token_budget, "bucketed: padded tokens per rank, rows chosen so "
-                          "that rows x padded length <= this (at least model.seq_len); 0 = train.micro_batch_size rows", 0);
+  later("data.pad_multiple", &d.pad_multiple, "bucketed: a batch's length is padded up to a multiple of this; "
+        "1 = no padding", data_ranges::pad_multiple);
+  later("data.token_budget", &d.token_budget, "bucketed: padded tokens per rank, rows chosen so that rows x padded "
+        "length <= this (at least model.seq_len); 0 = train.micro_batch_size rows", data_ranges::token_budget);
   s.choice("data.verify", &d.verify, "shard checksums: lazy = each shard on its first open, full = all at start",
            data_choices::verify);
   s.boolean("data.reuse_batch", &d.reuse_batch, "benchmark only: every step re-trains the first step's batches (no reading)");
@@ -88,8 +91,8 @@ void describe_data(Schema& s, DataConfig& d) {
   s.number("data.cache_limit_mb", &d.cache_limit_mb, "remote datasets: MiB the shard cache may hold", 0, true);
   s.number("data.remote_timeout_s", &d.remote_timeout_s, "remote datasets: seconds a fault may last before the run "
            "ends (after a checkpoint)", 0, true);
-  s.integer_checked_later("data.remote_ahead", &d.remote_ahead, "remote datasets: shards fetched ahead of the shuffle "
-                          "block in use", 0, 1024);
+  later("data.remote_ahead", &d.remote_ahead, "remote datasets: shards fetched ahead of the shuffle block in use",
+        data_ranges::remote_ahead);
 }
 
 void describe_model(Schema& s, ModelConfig& m) {

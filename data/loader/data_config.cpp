@@ -13,7 +13,7 @@ const std::vector<SourceField>& source_fields() {
       {"name", "unique name, [A-Za-z0-9_.-]+", &SourceConfig::name, nullptr, nullptr, true},
       {"path", "prep output directory, its http(s):// or s3:// URL, or raw text files", &SourceConfig::path, nullptr,
        nullptr, true},
-      {"weight", "share of the tokens (normalised over the sources)", nullptr, &SourceConfig::weight},
+      {"weight", "share of the tokens, > 0 (normalised over the sources)", nullptr, &SourceConfig::weight},
       {"max_epochs", "epochs after which the source drops out; 0 = no cap", nullptr, nullptr, &SourceConfig::max_epochs},
       {"text", "raw text: one document per line | paragraph | jsonl; empty = prepared", &SourceConfig::text, nullptr,
        nullptr, false, true},
@@ -93,18 +93,19 @@ void validate(const DataConfig& c, int64_t seq_len) {
     }
     fail(key, "must be one of " + all + ", got '" + v + "'");
   };
-  auto range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {  // hi < 0: no upper bound
+  auto range = [&](const char* key, int64_t v, IntRange range_of) {
+    const int64_t lo = range_of.lo, hi = range_of.hi;
     if (v >= lo && (hi < 0 || v <= hi)) return;
     const std::string r = hi < 0 ? ">= " + std::to_string(lo) : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     fail(key, "must be " + r + ", got " + std::to_string(v));
   };
   choice("mode", c.mode, data_choices::mode);
-  range("workers", c.workers, 1, 256);
-  range("prefetch", c.prefetch, 1, 1024);
-  range("shuffle_buffer", c.shuffle_buffer, 1, int64_t{1} << 30);
+  range("workers", c.workers, data_ranges::workers);
+  range("prefetch", c.prefetch, data_ranges::prefetch);
+  range("shuffle_buffer", c.shuffle_buffer, data_ranges::shuffle_buffer);
   choice("long_docs", c.long_docs, data_choices::long_docs);
-  range("pad_multiple", c.pad_multiple, 1, int64_t{1} << 20);
-  range("token_budget", c.token_budget, 0, -1);
+  range("pad_multiple", c.pad_multiple, data_ranges::pad_multiple);
+  range("token_budget", c.token_budget, data_ranges::token_budget);
   choice("verify", c.verify, data_choices::verify);
   choice("text", c.text, data_choices::text);
   validate_mixture(c);
@@ -113,9 +114,9 @@ void validate(const DataConfig& c, int64_t seq_len) {
   if (raw && c.bucketed()) fail("mode", "bucketed is not supported with raw text sources yet (use packed)");
   if (raw && c.tokenizer.empty()) fail("tokenizer", "must name bytes or a sentencepiece .model for raw text");
   if (!(c.val_fraction >= 0 && c.val_fraction <= 1)) fail("val_fraction", "must be in [0, 1], got " + std::to_string(c.val_fraction));
-  range("split_seed", c.split_seed, 0, -1);
+  range("split_seed", c.split_seed, data_ranges::split_seed);
   if (!(c.cache_limit_mb > 0)) fail("cache_limit_mb", "must be > 0, got " + std::to_string(c.cache_limit_mb));
-  range("remote_ahead", c.remote_ahead, 0, 1024);
+  range("remote_ahead", c.remote_ahead, data_ranges::remote_ahead);
   if (!(c.remote_timeout_s > 0)) fail("remote_timeout_s", "must be > 0, got " + std::to_string(c.remote_timeout_s));
   if (c.cache_dir.empty()) fail("cache_dir", "must not be empty");
   if (c.bucketed() && c.token_budget > 0 && c.token_budget < seq_len)

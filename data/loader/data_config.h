@@ -11,14 +11,14 @@
 namespace lm {
 
 // One source of the training data (data.sources, or data.train's one dataset): a prepared dataset
-// or raw text, and its share of the tokens. kSourceFields below is THE list of its keys.
+// or raw text, and its share of the tokens. source_fields() below is THE list of its keys.
 struct SourceConfig {
-  std::string name;        // unique; [A-Za-z0-9_.-]+
-  std::string path;        // a `prep` output directory, its URL, or raw text
-  double weight = 1;       // > 0; relative share of the TOKENS (normalised over the sources)
-  int64_t max_epochs = 0;  // > 0: the source drops out after this many epochs; 0 = no cap
-  std::string text;        // raw text (data/text/): one document per line | paragraph | jsonl record; "" = prepared
-  std::string text_field = "text";  // jsonl: the field holding the text
+  std::string name;
+  std::string path;
+  double weight = 1;
+  int64_t max_epochs = 0;
+  std::string text;
+  std::string text_field = "text";
 };
 
 // THE table of a source's keys: the config loader parses (trainer/config_values.cpp), prints and
@@ -95,6 +95,15 @@ inline const std::vector<std::string> long_docs = {"truncate", "split"};
 inline const std::vector<std::string> verify = {"lazy", "full"};
 inline const std::vector<std::string> text = {"", "line", "paragraph", "jsonl"};
 }  // namespace data_choices
+
+// The ranges of the data.* integer keys (validate() and the config schema's allowed values).
+struct IntRange {
+  int64_t lo, hi;  // hi < 0: no upper bound
+};
+namespace data_ranges {
+constexpr IntRange workers{1, 256}, prefetch{1, 1024}, shuffle_buffer{1, int64_t{1} << 30},
+    pad_multiple{1, int64_t{1} << 20}, token_budget{0, -1}, split_seed{0, -1}, remote_ahead{0, 1024};
+}  // namespace data_ranges
 
 // data.train (and data.text, data.text_field) as the one-source mixture "train", train_form set;
 // a config of data.sources is left as it is. Idempotent. The config loader calls it after

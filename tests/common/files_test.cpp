@@ -108,14 +108,14 @@ TEST(Files, WritePlanReportsShortAndFailedWrites) {
     RecordingFs fs;  // short writes of whatever the real write takes: still complete
     Installed use(&fs);
     files::WrittenFile wf;
-    EXPECT_EQ(files::write_plan(dir.path(), plan, &wf), "");
+    EXPECT_EQ(files::try_write_plan(dir.path(), plan, &wf), "");
     EXPECT_EQ(wf.bytes, 4 + big.size());
     EXPECT_EQ(std::filesystem::file_size(dir / "p.bin"), 4 + big.size());
   }
   RecordingFs fs;
   fs.fail_at = "sync";
   Installed use(&fs);
-  const std::string err = files::write_plan(dir.path(), plan, nullptr);
+  const std::string err = files::try_write_plan(dir.path(), plan, nullptr);
   EXPECT_NE(err.find("p.bin"), std::string::npos) << err;
   EXPECT_NE(err.find(std::strerror(EIO)), std::string::npos) << err;
 }
@@ -155,7 +155,7 @@ TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
     fs.short_writes = c.short_writes;
     Installed use(&fs);
     files::WrittenFile wf;
-    ASSERT_EQ(files::write_plan(dir.path(), c.plan, &wf), "") << c.name;
+    ASSERT_EQ(files::try_write_plan(dir.path(), c.plan, &wf), "") << c.name;
     EXPECT_EQ(test::read_text(dir / "p.bin"), want) << c.name;
     EXPECT_EQ(wf.bytes, want.size()) << c.name;
     EXPECT_EQ(wf.xxh64, xxh64(want.data(), want.size())) << c.name;
@@ -167,7 +167,7 @@ TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
   RecordingFs fs;  // small files: buffered, no direct I/O asked for
   Installed use(&fs);
   test::TempDir dir;
-  ASSERT_EQ(files::write_plan(dir.path(), {"s.json", "{}", {}}, nullptr), "");
+  ASSERT_EQ(files::try_write_plan(dir.path(), {"s.json", "{}", {}}, nullptr), "");
   EXPECT_EQ(fs.count("set_direct"), 0u);
 }
 

@@ -220,7 +220,10 @@ TEST_F(SignalTest, DuringACheckpointWriteTheSaveFinishesAndTheRunStops) {
 
 TEST_F(SignalTest, DuringShutdownTheRunCompletes) {
   TempDir d;
-  const auto args = trainer_args(data_, d / "run", {"train.max_steps=6"});
+  // A model of ~13 MB, so that SIGSTOP lands while the weights are written even on a loaded machine
+  // (the tests' tiny one was written and renamed before it, now and then).
+  const auto args = trainer_args(data_, d / "run", {"train.max_steps=6", "model.d_model=256", "model.n_head=4",
+                                                    "model.n_layer=4"});
   auto t = start(args, d / "out");
   ASSERT_TRUE(freeze_while_writing(t, d / "run", "model.safetensors.tmp")) << test::read_text(t.out);
   t.p.signal(SIGTERM);

@@ -99,7 +99,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     nlohmann::json mine = nlohmann::json::array();
     for (size_t i = 0; i < plans.size(); ++i) {
       files::WrittenFile wf;
-      std::string err = files::write_plan(tmp, plans[i], &wf);
+      std::string err = files::try_write_plan(tmp, plans[i], &wf);
       if (!err.empty()) return err;
       mine.push_back({{"name", wf.name}, {"bytes", wf.bytes}, {"xxh64", hex64(wf.xxh64)}});
       if (kill && i == 0) ::raise(SIGKILL);
@@ -107,7 +107,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     // The marker appears whole or not at all (written aside, then renamed): rank 0 reads it as
     // soon as it exists.
     const std::string marker = "rank_" + std::to_string(rank) + ".done";
-    if (auto err = files::write_plan(tmp, {marker + ".part", mine.dump(), {}}, nullptr); !err.empty()) return err;
+    if (auto err = files::try_write_plan(tmp, {marker + ".part", mine.dump(), {}}, nullptr); !err.empty()) return err;
     if (auto err = files::try_rename(tmp + "/" + marker + ".part", tmp + "/" + marker); !err.empty()) return err;
     if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
     if (rank != 0) return "";
@@ -129,7 +129,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
     nlohmann::json manifest = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion},
                                {"step", step}, {"world_size", world}, {"files", files}};
     files::FilePlan mp{run_dir::kCheckpointManifest, manifest.dump(2) + "\n", {}};
-    if (auto err = files::write_plan(tmp, mp, nullptr); !err.empty()) return err;
+    if (auto err = files::try_write_plan(tmp, mp, nullptr); !err.empty()) return err;
     for (int r = 0; r < world; ++r) files::file_system().remove((tmp + "/rank_" + std::to_string(r) + ".done").c_str());
     if (auto err = files::try_fsync_dir(tmp); !err.empty()) return err;
     return commit_dir(ckpt_dir, tmp, final_dir);

@@ -13,7 +13,7 @@
 //
 // Async saves stage the tensor files as images in one reusable host buffer (staging.h; pinned when
 // the tensors live on a CUDA device) and a writer thread writes them from there (direct I/O where
-// the file system takes it: common/files.h, write_plan).
+// the file system takes it: common/files.h, try_write_plan).
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
 // forward and backward run, in chunks taken by the writer thread (a background thread: idle
 // priority and a yield between pieces, common/parallel.h)
