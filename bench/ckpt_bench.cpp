@@ -23,6 +23,7 @@
 
 #include "models/gpt.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "trainer/runtime/host_allocator.h"
@@ -31,7 +32,7 @@
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+using lm::clock::ms_since;
 
 struct Timings {
   double sync_ms = 1e18, block_ms = 1e18, async_ms = 1e18, load_ms = 1e18, torch_ms = 1e18;

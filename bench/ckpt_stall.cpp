@@ -55,7 +55,7 @@
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+using lm::clock::ms_since;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

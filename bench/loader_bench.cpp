@@ -27,6 +27,7 @@
 #include "data/loader/loader.h"
 #include "data/remote/store.h"
 #include "data/format/shard.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/checksum.h"
 #include "common/files.h"
@@ -35,7 +36,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using lm::clock::seconds_since;
 
 // Peak of the /proc/self/status memory lines (kB), sampled by a thread until destroyed.
 class RssSampler {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/torch/compat.h"
 #include "launch/launcher/store.h"
@@ -45,7 +46,7 @@ c10::intrusive_ptr<c10d::TCPStore> c10d_client(int port, std::chrono::millisecon
   return lm::compat::tcp_store("127.0.0.1", so);
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using lm::clock::seconds_since;
 
 TEST(Store, RealClientEveryCall) {
   StoreServer server(0);
