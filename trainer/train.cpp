@@ -68,10 +68,8 @@ struct Progress : Stateful {
 struct LoaderPosition : Stateful {
   data::Loader* loader = nullptr;
   bool force = false;
-  ComponentState state() const override { return {nlohmann::json::parse(loader->state().to_json()), {}}; }
-  void load_state(const ComponentState* s) override {
-    loader->load_state(data::LoaderState::from_json(s->values.dump()), force);
-  }
+  ComponentState state() const override { return {loader->state().to_value(), {}}; }
+  void load_state(const ComponentState* s) override { loader->load_state(data::LoaderState::from_value(s->values), force); }
 };
 
 class Trainer {

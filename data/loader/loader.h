@@ -69,6 +69,8 @@
 // through token_walk.h), state.h (fingerprint; LoaderState JSON).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -123,8 +125,11 @@ struct LoaderState {
   BatchLayout block_layout;  // bucketed: the layout that ordered the block holding the cursor
   std::string mix;           // a mixture: its state (JSON: sources' cursors, segment; mix.h); "" for one source
 
-  std::string to_json() const;
-  // Throws DataError ("loader state: ...") on malformed JSON or an unknown version.
+  // The state as a JSON value (what a checkpoint's rank file holds under "loader") and as text.
+  // from_*: throws DataError ("loader state: ...") on a malformed state or an unknown version.
+  nlohmann::json to_value() const;
+  static LoaderState from_value(const nlohmann::json& value);
+  std::string to_json() const { return to_value().dump(); }
   static LoaderState from_json(const std::string& text);
 };
 

@@ -50,7 +50,7 @@ void check_resumable(const LoaderState& s, const Fingerprint& ours) {
   }
 }
 
-std::string LoaderState::to_json() const {
+nlohmann::json LoaderState::to_value() const {
   json j;
   j["version"] = version;
   j["cursor"] = cursor;
@@ -60,12 +60,22 @@ std::string LoaderState::to_json() const {
   j["layout"] = layout_json(layout);
   j["block_layout"] = layout_json(block_layout);
   if (!mix.empty()) j["mix"] = json::parse(mix);
-  return j.dump();
+  return nlohmann::json(j);
 }
 
 LoaderState LoaderState::from_json(const std::string& text) {
+  nlohmann::json j;
   try {
-    const json j = json::parse(text);
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(std::string("loader state: malformed (") + e.what() + ")");
+  }
+  return from_value(j);
+}
+
+LoaderState LoaderState::from_value(const nlohmann::json& value) {
+  try {
+    const json j = value;
     LoaderState s;
     s.version = j.at("version").get<int>();
     check_version(s.version);

@@ -4,6 +4,7 @@
 // corrupt and missing data, and prompt shutdown.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>

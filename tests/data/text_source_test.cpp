@@ -3,6 +3,7 @@
 // exactly, keep its index current, and name a file that changed under its index.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
