@@ -33,8 +33,8 @@ bool ready_by(int fd, short events, StoreClock::time_point deadline) {
   while (true) {
     pollfd p{fd, events, 0};
     int rc = ::poll(&p, 1, millis_left(deadline));
-    if (rc != 0) return rc > 0 || errno != EINTR;  // an error: the read or write that follows reports it
-    if (StoreClock::now() >= deadline) return false;
+    if (rc > 0 || (rc < 0 && errno != EINTR)) return true;  // an error: the read or write that follows reports it
+    if (rc == 0 && StoreClock::now() >= deadline) return false;  // a signal (EINTR, e.g. SIGCHLD) polls again
   }
 }
 

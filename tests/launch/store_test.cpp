@@ -4,6 +4,8 @@
 // client, with the server gone, and byte by byte where no client of this LibTorch can reach
 // (queues, refused query types, the 1.x numbering under a 2.x build). Only this test links LibTorch.
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -158,6 +160,37 @@ TEST(Store, OwnClientAgainstServerAndC10d) {
   }
   impatient.set("nope", "now");  // the timed-out wait was cancelled: the connection is still in step
   EXPECT_EQ(impatient.get("nope"), "now");
+}
+
+// The launcher's thread takes SIGCHLD whenever a worker exits, also in the middle of a store call:
+// an interrupted poll() is neither a timeout nor an error (a handler without SA_RESTART, as the
+// launcher's, interrupts it).
+TEST(Store, ASignalDuringACallIsNotATimeout) {
+  struct sigaction sa {}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  StoreServer server(0);
+  StoreClient waiter("127.0.0.1", server.port(), 5s);
+  StoreClient setter("127.0.0.1", server.port(), 5s);
+  const pthread_t self = ::pthread_self();
+  std::thread t([&] {
+    for (int i = 0; i < 20; ++i) {
+      ::pthread_kill(self, SIGUSR1);
+      std::this_thread::sleep_for(10ms);
+    }
+    setter.set("late", "v");
+  });
+  std::string got;
+  try {
+    got = waiter.get("late");
+  } catch (const lm::Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  t.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_EQ(got, "v");
 }
 
 TEST(Store, ServerGoneIsAClearError) {
