@@ -23,6 +23,7 @@
 #include "models/registry.h"
 #include "trainer/config_schema.h"
 #include "trainer/config_values.h"
+#include "trainer/config_yaml.h"
 #include "trainer/telemetry/profiler.h"
 
 namespace lm {
@@ -319,21 +320,6 @@ bool shown(const ExperimentConfig& c, const std::string& key) {
   return key.rfind("model.", 0) != 0 || arch_uses_key(c.model.arch, key.substr(6));
 }
 
-// The config file's text: a regular file of valid UTF-8 (YAML's encoding), else ConfigError.
-std::string read_config_text(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": is a directory, expected a YAML experiment file");
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (!in) throw ConfigError(path + ": cannot open config file");
-  text << in.rdbuf();  // (an empty file sets failbit: fine)
-  const std::string s = text.str();
-  if (const size_t at = invalid_utf8_at(s); at != std::string::npos)
-    throw ConfigError(path + ":" + std::to_string(1 + std::count(s.begin(), s.begin() + static_cast<ptrdiff_t>(at), '\n')) +
-                      ": not valid UTF-8 (byte " + std::to_string(at) + "); YAML files are UTF-8");
-  return s;
-}
-
 }  // namespace
 
 ExperimentConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -342,15 +328,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   describe(s, cfg);
   Origins origins;
   if (!path.empty()) {
-    YAML::Node root;
-    const std::string text = read_config_text(path);
-    try {
-      root = YAML::Load(text);
-    } catch (const YAML::ParserException& e) {
-      throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
-    } catch (const YAML::Exception& e) {
-      throw ConfigError(path + ": YAML error: " + e.msg);
-    }
+    const YAML::Node root = load_yaml_file(path, "config file");
     if (root.IsNull()) {
       // empty file: defaults
     } else if (!root.IsMap()) {

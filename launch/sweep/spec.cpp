@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/text.h"
+#include "trainer/config_yaml.h"
 
 namespace lm::sweep {
 namespace {
@@ -176,14 +177,7 @@ void parse_launch(const std::string& path, const YAML::Node& node, SweepSpec& s)
 }  // namespace
 
 SweepSpec parse_sweep(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw UsageError(path + ": cannot open sweep file");
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
-  }
+  const YAML::Node root = load_yaml_file(path, "sweep file");
   SweepSpec s;
   s.path = path;
   try {  // yaml-cpp's own errors (e.g. a list or map as a key, found by tests/fuzz) name the line too

@@ -187,6 +187,7 @@ TEST_F(Sweep, BadSweepFilesAndRunConfigsExit2BeforeAnyRun) {
       {b + "seeds: [1, x]\n", "run seed=x: override 'run.seed=x'"},
       {b + "seeds: [1]\nlaunch: {nproc_per_nod: 2}\n", "did you mean 'nproc_per_node'?"},
       {b + "seeds: [1]\nlaunch: {nnodes: 2}\n", "multi-node sweeps are not supported"},
+      {b + "seeds: [1]\n---\ngrid: {optim.lr: [1e-3]}\n", "sweep.yaml:4: a second YAML document ('---'); a sweep file holds one document"},
   };
   for (auto& c : cases) {
     auto r = sweep({sweep_file(c.body)});
@@ -197,6 +198,12 @@ TEST_F(Sweep, BadSweepFilesAndRunConfigsExit2BeforeAnyRun) {
   }
   auto r = sweep({tmp_ / "missing.yaml"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(tmp_ / "missing.yaml" + ": cannot open sweep file"), std::string::npos) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 1u) << r.out;
+  fs::create_directories(tmp_ / "adir");  // was "basic_filebuf::underflow error reading the file: Is a directory"
+  r = sweep({tmp_ / "adir"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(tmp_ / "adir" + ": is a directory, expected a YAML sweep file"), std::string::npos) << r.out;
   r = sweep({sweep_file(b + "seeds: [1]\n"), "--parallel", "0"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_FALSE(fs::exists(dir()));

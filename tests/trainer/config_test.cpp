@@ -277,6 +277,20 @@ TEST(HostileConfig, DuplicateKeysAreRefusedNamingKeyAndLines) {
   EXPECT_NE(file_config_error(tmp / "dup2.yaml").find(":3: duplicate key 'model'"), std::string::npos);
 }
 
+// A second YAML document was silently ignored (its keys never applied): refused, naming the line
+// where it starts. A lone "---" before the first document, or "..." after it, stays fine.
+TEST(HostileConfig, ASecondYamlDocumentIsRefusedNamingItsLine) {
+  TempDir tmp;
+  test::write_text(tmp / "two.yaml", "train:\n  max_steps: 5\n---\noptim:\n  lr: 0.5\n");
+  EXPECT_EQ(file_config_error(tmp / "two.yaml"),
+            tmp / "two.yaml" + ":3: a second YAML document ('---'); a config file holds one document (the second would "
+                               "be ignored): remove it or merge it into the first");
+  test::write_text(tmp / "empty2.yaml", "---\ntrain:\n  max_steps: 5\n---\n");
+  EXPECT_NE(file_config_error(tmp / "empty2.yaml").find("empty2.yaml:4: a second YAML document"), std::string::npos);
+  test::write_text(tmp / "one.yaml", "---\ntrain:\n  max_steps: 5\n...\n");
+  EXPECT_EQ(load_config(tmp / "one.yaml", {}).train.max_steps, 5);
+}
+
 TEST(HostileConfig, ListsAsKeysDirectoriesAndInvalidUtf8AreOneLine) {
   TempDir tmp;
   test::write_text(tmp / "list.yaml", "optim:\n  [a, b]: 1\n");

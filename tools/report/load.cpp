@@ -14,6 +14,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "trainer/config_yaml.h"
 #include "trainer/run_dir.h"
 #include "trainer/telemetry/records.h"
 
@@ -192,7 +193,7 @@ void load_config(Run& r) {
   const std::string path = run_dir::config(r.dir);
   if (files::exists(path)) {
     try {
-      flatten_yaml(YAML::LoadFile(path), "", r.config);
+      flatten_yaml(load_yaml_file(path, "config file"), "", r.config);
       r.has_config = true;
     } catch (const std::exception& e) {
       r.config.clear();
