@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -27,14 +29,17 @@ struct ChunkRef {
 
 class TextSource : public ShardSource {
  public:
-  // `first`: tokenized at once by the thread ahead (the val split's first chunk, which evaluation
-  // reads on the training thread); val chunks, once tokenized, are never evicted.
+  // `val`: the val split's chunks in order. Evaluation reads them on the training thread, so they
+  // are only ever tokenized by the threads ahead: the first at once, each next one when evaluation
+  // opens the one before it, and one evaluation opens before it is ready is queued first and
+  // waited for. Val chunks, once tokenized, are never evicted.
   // `threads` tokenize ahead, each taking the next chunk of the list that nobody is building.
   // `model`: the tokenizer's model file ("" for bytes).
   TextSource(std::string location, const TextOptions& o, std::shared_ptr<const Tokenizer> tok, std::string model,
-             std::map<std::string, ChunkRef> chunks, std::vector<std::string> first, int threads)
+             std::map<std::string, ChunkRef> chunks, std::vector<std::string> val, int threads)
       : location_(std::move(location)), model_(std::move(model)), opt_(o), tok_(std::move(tok)), chunks_(std::move(chunks)),
-        dtype_(dtype_for_vocab(tok_->info().vocab_size)), ahead_(std::move(first)), generation_(1) {
+        dtype_(dtype_for_vocab(tok_->info().vocab_size)), val_(std::move(val)) {
+    if (!val_.empty()) val_queue_.push_back(val_.front());
     for (int i = 0; i < std::max(threads, 1); ++i) threads_.emplace_back([this] { run_ahead(); });
   }
 
@@ -73,6 +78,7 @@ class TextSource : public ShardSource {
   }
 
   std::unique_ptr<ShardReader> open(const ShardInfo& s) override {
+    if (is_val(s.file)) return std::make_unique<ShardReader>(s.file, get_val(s.file));
     return std::make_unique<ShardReader>(s.file, get(s.file, /*wait=*/true));
   }
 
@@ -83,8 +89,9 @@ class TextSource : public ShardSource {
   };
 
   // The chunk tokenized: by this thread, or by the one already at it. wait=false (the thread
-  // ahead): null when another thread builds it.
-  std::shared_ptr<const MemoryShard> get(const std::string& name, bool wait) {
+  // ahead): null when another thread builds it. keep_error (a queued val chunk): a failure is kept
+  // for the reader waiting for it (get_val) and null returned.
+  std::shared_ptr<const MemoryShard> get(const std::string& name, bool wait, bool keep_error = false) {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       auto it = cache_.find(name);
@@ -104,7 +111,9 @@ class TextSource : public ShardSource {
     } catch (...) {
       lk.lock();
       cache_.erase(name);
+      if (keep_error) val_errors_[name] = std::current_exception();
       cv_.notify_all();
+      if (keep_error) return nullptr;
       throw;
     }
     lk.lock();
@@ -112,6 +121,40 @@ class TextSource : public ShardSource {
     evict();
     cv_.notify_all();
     return shard;
+  }
+
+  // A val chunk, tokenized by a thread ahead (queued first when nobody builds it yet); the next
+  // val chunk is queued behind it.
+  std::shared_ptr<const MemoryShard> get_val(const std::string& name) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const auto at = std::find(val_.begin(), val_.end(), name);
+    if (at != val_.end()) queue_val(val_[static_cast<size_t>(at - val_.begin() + 1) % val_.size()], /*first=*/false);
+    for (;;) {
+      if (auto it = cache_.find(name); it != cache_.end() && it->second.shard) {
+        it->second.used = ++clock_;
+        return it->second.shard;
+      }
+      if (auto e = val_errors_.find(name); e != val_errors_.end()) {
+        const std::exception_ptr err = e->second;
+        val_errors_.erase(e);  // the next open tries again
+        std::rethrow_exception(err);
+      }
+      if (!cache_.count(name)) queue_val(name, /*first=*/true);
+      cv_.wait(lk);
+    }
+  }
+  // Queues a val chunk for the threads ahead unless it is built or being built (mu_ held); `first`:
+  // at the front (a reader waits for it).
+  void queue_val(const std::string& name, bool first) {
+    if (cache_.count(name)) return;
+    const auto queued = std::find(val_queue_.begin(), val_queue_.end(), name);
+    if (queued != val_queue_.end()) {
+      if (!first) return;
+      val_queue_.erase(queued);
+    }
+    if (first) val_queue_.push_front(name);
+    else val_queue_.push_back(name);
+    cv_.notify_all();
   }
 
   bool is_val(const std::string& name) const {
@@ -166,19 +209,29 @@ class TextSource : public ShardSource {
     return w.finish_in_memory();
   }
 
-  // The thread ahead: tokenizes the chunks of the latest ahead() list, in order, while they fit.
+  // The thread ahead: tokenizes the queued val chunks first, then the chunks of the latest ahead()
+  // list, in order, while they fit.
   void run_ahead() {
     std::unique_lock<std::mutex> lk(mu_);
     uint64_t done = 0;
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || generation_ != done; });
+      cv_.wait(lk, [&] { return stop_ || generation_ != done || !val_queue_.empty(); });
       if (stop_) return;
+      if (!val_queue_.empty()) {
+        const std::string name = val_queue_.front();
+        val_queue_.pop_front();
+        lk.unlock();
+        get(name, /*wait=*/false, /*keep_error=*/true);
+        lk.lock();
+        done = 0;  // then the list ahead again (generation_ >= 1 once there is one), where it stopped
+        continue;
+      }
       done = generation_;
       const std::vector<std::string> list = ahead_;
       const size_t room = capacity_;
       lk.unlock();
       for (size_t i = 0; i < list.size() && i + 1 < room; ++i) {
-        if (stopping() || generation() != done) break;
+        if (interrupted(done)) break;
         try {
           get(list[i], /*wait=*/false);
         } catch (const std::exception& e) {  // the reader that needs it meets the same error
@@ -189,13 +242,10 @@ class TextSource : public ShardSource {
       lk.lock();
     }
   }
-  bool stopping() const {
+  // Stop, a new ahead() list, or a val chunk to tokenize first.
+  bool interrupted(uint64_t done) const {
     std::lock_guard<std::mutex> lk(mu_);
-    return stop_;
-  }
-  uint64_t generation() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return generation_;
+    return stop_ || generation_ != done || !val_queue_.empty();
   }
 
   std::string location_, model_;
@@ -207,6 +257,9 @@ class TextSource : public ShardSource {
   std::condition_variable cv_;
   std::map<std::string, Entry> cache_;
   std::vector<std::string> ahead_;
+  const std::vector<std::string> val_;                      // the val chunks in order
+  std::deque<std::string> val_queue_;                       // val chunks to tokenize, before the list ahead
+  std::map<std::string, std::exception_ptr> val_errors_;  // why a queued val chunk failed, for its reader
   uint64_t generation_ = 0, clock_ = 0;
   size_t capacity_ = 4;
   bool stop_ = false;
@@ -245,12 +298,12 @@ Manifest open_text_dataset(const std::string& location, const std::string& key, 
   m.shards.insert(m.shards.end(), val.begin(), val.end());
   if (m.split_tokens("train") == 0) throw DataError(location + ": no documents in the train split");
   m.data_version = compute_data_version(m.shards, m.tokenizer.hash);
-  std::vector<std::string> first;
-  if (!val.empty()) first.push_back(val.front().file);
+  std::vector<std::string> val_names;
+  for (const auto& s : val) val_names.push_back(s.file);
   std::string model;  // the tokenizer's model file: data.tokenizer, or the one of the prep output it names
   if (!m.tokenizer.file.empty())
     model = std::filesystem::is_regular_file(o.tokenizer) ? o.tokenizer : o.tokenizer + "/" + Manifest::load(o.tokenizer).tokenizer.file;
-  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(model), std::move(chunks), std::move(first),
+  m.source = std::make_shared<TextSource>(location, o.text, tok, std::move(model), std::move(chunks), std::move(val_names),
                                           o.ahead_threads);
   return m;
 }

@@ -6,8 +6,11 @@
 // document texts); everything above the Manifest is unchanged: the plan, the two-stage shuffle,
 // mixtures, the cursor in checkpoints (chunk, document, token), exact resume. A chunk is tokenized
 // when first needed, by the thread that needs it (a loader worker) or ahead of need by the
-// source's own threads in the order the plan will read (ShardSource::ahead); the training thread
-// never tokenizes. Tokenized chunks are kept in memory, as many as the plan needs at hand.
+// source's own threads in the order the plan will read (ShardSource::ahead). The val split's chunks,
+// which evaluation reads on the training thread, are tokenized by the source's own threads only
+// (the first at once, each next one when the one before it is opened; one opened before it is
+// ready is tokenized first and waited for), so the training thread never tokenizes. Tokenized
+// chunks are kept in memory, as many as the plan needs at hand (val chunks: all that were read).
 #pragma once
 
 #include <functional>

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "data/format/manifest.h"
 #include "data/format/shard.h"
 #include "data/loader/loader.h"
+#include "data/loader/val_reader.h"
 #include "data/prep/prep.h"
 #include "data/text/text_source.h"
 #include "data/tokenizer/tokenizer.h"
@@ -93,44 +97,120 @@ TextSourceOptions text_options(const std::string& docs, const std::string& tmp, 
   return o;
 }
 
-// Line, paragraph and JSONL documents, plain and zstd (one frame, and two frames concatenated),
-// bytes tokenizer: the same documents, tokens and splits as prep, in many small chunks.
+// Every document mode (line, paragraph, JSONL) x plain and zstd x bytes and BPE: the same
+// documents, tokens and splits as prep writes for the plain file, in many small chunks. And zstd
+// files of two frames concatenated (chunks in the second frame seek to it), a directory of them.
 TEST(TextSource, TokensEqualPrepForEveryDocumentModeAndCompression) {
   TempDir tmp;
   const std::string a = corpus(1500, 1), b = corpus(900, 2);
   test::write_text(tmp / "a.txt", a);
   test::write_text(tmp / "b.txt", b);
   test::write_text(tmp / "a.jsonl", jsonl_of(a));
+  zstd_file(tmp / "a.txt", tmp / "a.txt.zst");
+  zstd_file(tmp / "a.jsonl", tmp / "a.jsonl.zst");
   files::make_dirs(tmp / "z");
   zstd_file(tmp / "a.txt", tmp / "z/1.zst");
   zstd_file(tmp / "b.txt", tmp / "b.zst");
   // Two frames: a frame of a.txt, then one of b.txt (chunks in the second frame seek to it).
   files::write_file_atomic(tmp / "z/2.zst", files::read_file(tmp / "z/1.zst") + files::read_file(tmp / "b.zst"));
+  // One BPE model for every case (prep trains it once; the cases use it by path).
+  prep({tmp / "a.txt", "--tokenizer", "sentencepiece", "--vocab-size", "400", "--out", tmp / "bpe"});
+  const std::string bpe = tmp / "bpe/tokenizer.model";
   struct Case {
     std::string docs, raw;                 // raw text source: a file or a directory
     std::vector<std::string> prep_inputs;  // the same documents for prep
+    std::string tokenizer;                 // "bytes" or the BPE model
   };
-  const std::vector<Case> cases = {{"line", tmp / "a.txt", {tmp / "a.txt"}},
-                                   {"paragraph", tmp / "a.txt", {tmp / "a.txt"}},
-                                   {"jsonl", tmp / "a.jsonl", {tmp / "a.jsonl"}},
-                                   {"line", tmp / "z", {tmp / "a.txt", tmp / "a.txt", tmp / "b.txt"}},
-                                   {"line", tmp / "z", {tmp / "z"}}};  // prep reads .zst too
+  std::vector<Case> cases;
+  for (const std::string& tok : {std::string("bytes"), bpe})
+    for (const std::string docs : {"line", "paragraph", "jsonl"}) {
+      const std::string plain = tmp / (docs == "jsonl" ? "a.jsonl" : "a.txt");
+      cases.push_back({docs, plain, {plain}, tok});
+      cases.push_back({docs, plain + ".zst", {plain}, tok});
+    }
+  cases.push_back({"line", tmp / "z", {tmp / "a.txt", tmp / "a.txt", tmp / "b.txt"}, "bytes"});
+  cases.push_back({"line", tmp / "z", {tmp / "z"}, "bytes"});  // prep reads .zst too
+  int n = 0;
   for (const auto& c : cases) {
-    SCOPED_TRACE(c.docs + " " + c.raw);
+    const bool sp = c.tokenizer != "bytes";
+    SCOPED_TRACE(c.docs + " " + c.raw + (sp ? " BPE" : " bytes"));
     std::vector<std::string> args = c.prep_inputs;
-    for (const char* x : {"--docs", "", "--text-field", "body", "--val-fraction", "0.1", "--split-seed", "7", "--out", ""})
+    for (const std::string x : {"--docs", c.docs.c_str(), "--text-field", "body", "--val-fraction", "0.1", "--split-seed",
+                                "7", "--out"})
       args.push_back(x);
-    args[c.prep_inputs.size() + 1] = c.docs;
-    args.back() = tmp / ("prep_" + c.docs);
+    args.push_back(tmp / ("prep_" + std::to_string(n++)));
+    if (sp) args.insert(args.end(), {"--tokenizer", "sentencepiece", "--sp-model", c.tokenizer});
     const Manifest want = prep(args);
-    const Manifest got = open_text_dataset(c.raw, "data.train", text_options(c.docs, tmp.path()));
+    auto o = text_options(c.docs, tmp.path(), sp ? 1500 : 3000);
+    o.tokenizer = c.tokenizer;
+    const Manifest got = open_text_dataset(c.raw, "data.train", o);
     EXPECT_GT(got.split("train").size(), 3u);  // several chunks
     EXPECT_EQ(got.tokenizer.hash, want.tokenizer.hash);
+    EXPECT_EQ(got.tokenizer.kind, sp ? "sentencepiece" : "bytes");
     EXPECT_EQ(got.split_tokens("train"), want.split_tokens("train"));
     EXPECT_EQ(docs_of(got, "train"), docs_of(want, "train"));
     EXPECT_EQ(docs_of(got, "val"), docs_of(want, "val"));
+    EXPECT_GT(got.split("val").size(), 0u);
     EXPECT_EQ(got.source->kind(), "text");
   }
+}
+
+// Records the threads that tokenize (encode), once armed.
+struct EncodeThreads {
+  std::mutex mu;
+  bool armed = false;
+  std::set<std::thread::id> ids;
+  int calls = 0;
+};
+class RecordingTokenizer : public Tokenizer {
+ public:
+  RecordingTokenizer(std::unique_ptr<Tokenizer> inner, std::shared_ptr<EncodeThreads> rec)
+      : inner_(std::move(inner)), rec_(std::move(rec)) {}
+  std::vector<uint32_t> encode(const std::string& text) const override {
+    {
+      std::lock_guard<std::mutex> lk(rec_->mu);
+      if (rec_->armed) rec_->ids.insert(std::this_thread::get_id()), ++rec_->calls;
+    }
+    return inner_->encode(text);
+  }
+  std::string decode(const std::vector<uint32_t>& ids) const override { return inner_->decode(ids); }
+  const TokenizerInfo& info() const override { return inner_->info(); }
+
+ private:
+  std::unique_ptr<Tokenizer> inner_;
+  std::shared_ptr<EncodeThreads> rec_;
+};
+
+// Evaluation reads the val split on the training thread: every val chunk, not only the first, is
+// tokenized by the source's own threads, never by the thread that reads it; the windows are those
+// of prep's val split.
+TEST(TextSource, ValChunksAreNeverTokenizedByTheReadingThread) {
+  TempDir tmp;
+  test::write_text(tmp / "a.txt", corpus(3000, 5));
+  auto rec = std::make_shared<EncodeThreads>();
+  auto o = text_options("line", tmp.path(), 1000);
+  o.text.val_fraction = 0.3;
+  o.load_tokenizer = [rec](const std::string& what) -> std::unique_ptr<Tokenizer> {
+    return std::make_unique<RecordingTokenizer>(direct_tokenizer(what), rec);
+  };
+  const Manifest got = open_text_dataset(tmp / "a.txt", "data.train", o);
+  const Manifest want = prep({tmp / "a.txt", "--val-fraction", "0.3", "--split-seed", "7", "--out", tmp / "prep"});
+  ASSERT_GE(got.split("val").size(), 4u);
+  {
+    std::lock_guard<std::mutex> lk(rec->mu);
+    rec->armed = true;  // from here: tokenizing chunks, not building the index
+  }
+  ValReader vr(got, "val", 32), vw(want, "val", 32);
+  uint64_t stream = 0;
+  for (const auto& s : got.split("val")) stream += s.tokens + s.docs;
+  std::vector<int64_t> x, y;
+  for (uint64_t read = 0; read < stream * 3 / 2; read += 8 * 32) {  // one and a half passes over the split
+    vr.next(8, x), vw.next(8, y);
+    ASSERT_EQ(x, y) << "at token " << read;
+  }
+  std::lock_guard<std::mutex> lk(rec->mu);
+  EXPECT_GT(rec->calls, 0);
+  EXPECT_EQ(rec->ids.count(std::this_thread::get_id()), 0u) << "the reading thread tokenized";
 }
 
 // A sentencepiece model given by path: the tokens prep writes with that model.
