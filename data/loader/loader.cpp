@@ -43,11 +43,18 @@ struct Loader::Impl {
   Fingerprint fingerprint;
   uint64_t samples_per_epoch = 0;
 
+  // The units the manifest tells (a remote dataset's shards are then not fetched at start): packed,
+  // tokens + docs; bucketed, one sample per document (prep writes no empty document; checked when
+  // the shard is first opened); bucketed with long_docs split, none: a document's samples depend on
+  // its length, which only the shard holds.
   void open(const DataConfig& c, const Manifest& m, const std::string& split, int64_t seq_len) {
+    ShardSet::ListedUnits listed = [](const ShardInfo& s) { return s.tokens + s.docs; };
+    if (c.bucketed()) listed = c.split_long_docs() ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.docs; };
+    const bool bucketed = c.bucketed(), split_docs = c.split_long_docs();
     sets.push_back(std::make_unique<ShardSet>(
         m, split, c.verify_full(),
-        [&](const ShardReader& s) { return stream_units(s, c.bucketed(), c.split_long_docs(), seq_len); },
-        c.bucketed() ? ShardSet::ListedUnits() : [](const ShardInfo& s) { return s.tokens + s.docs; }));
+        [bucketed, split_docs, seq_len](const ShardReader& s) { return stream_units(s, bucketed, split_docs, seq_len); },
+        listed));
   }
   // Remote datasets: a shuffle block's stretch of the stream (packed: its windows) and what follows.
   void plan_ahead(const DataConfig& c, int64_t seq_len, uint64_t shuffle_block) {

@@ -15,7 +15,7 @@ constexpr size_t kOpenShards = 16;  // per thread (each worker, and the planner)
 
 ShardSet::ShardSet(const Manifest& m, const std::string& split, bool verify_all, const Units& units,
                    const ListedUnits& listed)
-    : manifest_(m), split_(split) {
+    : manifest_(m), split_(split), units_(units) {
   for (size_t i = 0; i < m.shards.size(); ++i) {
     if (m.shards[i].split != split) continue;
     auto e = std::make_unique<Entry>();
@@ -27,6 +27,7 @@ ShardSet::ShardSet(const Manifest& m, const std::string& split, bool verify_all,
   for (auto& e : shards_) {  // one shard open at a time
     if (m.source && listed && !verify_all) {  // remote: checked when first opened, not fetched now
       e->units = listed(e->info);
+      e->units_listed = true;
       continue;
     }
     auto r = manifest_.open_shard(e->info);
@@ -43,7 +44,17 @@ std::unique_ptr<ShardReader> ShardSet::open(size_t i) const {
     if (!e.verified) manifest_.verify_shard(e.info);
     e.verified = true;
   }
-  return manifest_.open_shard(e.info);
+  auto r = manifest_.open_shard(e.info);
+  std::lock_guard<std::mutex> lk(e.mu);
+  if (e.units_listed) {  // the plan counted on the manifest's numbers: the shard must give as many units
+    const uint64_t got = units_(*r);
+    if (got != e.units)
+      throw DataError(strf("%s: holds %llu samples, not the %llu its manifest entry implies (an empty document?); "
+                           "the plan was made from the manifest", r->path().c_str(), static_cast<unsigned long long>(got),
+                           static_cast<unsigned long long>(e.units)));
+    e.units_listed = false;
+  }
+  return r;
 }
 
 void ShardSet::plan_ahead(size_t span, size_t ahead, size_t readers) {

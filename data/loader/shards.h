@@ -26,8 +26,8 @@ class ShardSet {
   // Opens every shard of `split` once, one at a time: checks it against the manifest
   // (Manifest::open_shard), its checksum too when verify_all, and records units(shard). A remote
   // dataset's shards are not fetched for this when `listed` tells their units (and !verify_all):
-  // they are checked when first opened. Throws DataError naming the directory when the split has no
-  // shards, or naming the file.
+  // they are checked when first opened, units(shard) against the listed units too. Throws DataError
+  // naming the directory when the split has no shards, or naming the file.
   ShardSet(const Manifest& m, const std::string& split, bool verify_all, const Units& units,
            const ListedUnits& listed = nullptr);
   ShardSet(const ShardSet&) = delete;
@@ -58,11 +58,13 @@ class ShardSet {
     ShardInfo info;
     uint32_t manifest_index = 0;
     uint64_t units = 0;
-    std::mutex mu;  // guards verified
+    std::mutex mu;  // guards verified and units_listed
     bool verified = false;
+    bool units_listed = false;  // units from the manifest entry, not yet checked against the shard
   };
   Manifest manifest_;
   std::string split_;
+  Units units_;
   std::vector<std::unique_ptr<Entry>> shards_;
   size_t ahead_ = 0;
 };

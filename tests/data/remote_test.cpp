@@ -7,6 +7,7 @@
 // fast; the 30 s: LM_REMOTE_OUTAGE_S=30 ctest -R RemoteTest.TrainThroughFaults).
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "common/files.h"
 #include "data/loader/loader.h"
@@ -85,8 +86,33 @@ TEST_F(RemoteTest, LoaderOverHttpEqualsLocalWithEviction) {
   EXPECT_GT(cached, 0u);
 }
 
-// Bucketed mode needs every document's length at start: each shard is fetched once for it (one at
-// a time, through the cache); then the batches equal the local loader's.
+// Bucketed mode plans from the manifest (one sample per document): no shard is fetched to learn
+// the sizes, so the first batch needs only the shards of the first shuffle block and the ones
+// ahead; then the batches equal the local loader's.
+TEST_F(RemoteTest, BucketedLoaderFetchesNoShardToLearnSizes) {
+  const std::string data = make_dataset(tmp_.path(), 3000, 4000);
+  auto nginx = start_nginx(tmp_.path(), tmp_.path());
+  ASSERT_TRUE(nginx->up());
+  DataConfig c = loader_config(tmp_ / "cache", 64);
+  c.mode = "bucketed", c.shuffle_buffer = 32, c.remote_ahead = 1;
+  const size_t shards = data::Manifest::load(data).split("train").size();
+  ASSERT_GE(shards, 20u);
+  const data::Manifest remote = data::open_dataset("http://127.0.0.1:" + std::to_string(nginx->port) + "/data",
+                                                   "data.train", data::remote_options(c));
+  std::set<std::string> fetched;  // the train shards requested by the time the first batch is there
+  {
+    data::Loader loader(test::train_form(c, remote.dir), {remote}, "train", 64, 8, 0, 1, 7);
+    loader.next();
+    const std::string log = test::read_text(tmp_ / "nginx/access.log");
+    for (size_t p = log.find("GET /data/train_"); p != std::string::npos; p = log.find("GET /data/train_", p + 1))
+      fetched.insert(log.substr(p + 4, log.find(' ', p + 4) - p - 4));
+  }
+  EXPECT_GE(fetched.size(), 1u);
+  EXPECT_LE(fetched.size(), 6u) << "of " << shards << " shards";
+  EXPECT_EQ(hashes(c, remote, 100), hashes(c, data::Manifest::load(data), 100));
+}
+
+// Bucketed mode with the default shuffle block: the batches equal the local loader's.
 TEST_F(RemoteTest, BucketedLoaderOverHttpEqualsLocal) {
   const std::string data = make_dataset(tmp_.path(), 3000, 20000);
   auto nginx = start_nginx(tmp_.path(), tmp_.path());
