@@ -49,9 +49,9 @@ std::unique_ptr<ShardReader> ShardSet::open(size_t i) const {
   if (e.units_listed) {  // the plan counted on the manifest's numbers: the shard must give as many units
     const uint64_t got = units_(*r);
     if (got != e.units)
-      throw DataError(strf("%s: holds %llu samples, not the %llu its manifest entry implies (an empty document?); "
-                           "the plan was made from the manifest", r->path().c_str(), static_cast<unsigned long long>(got),
-                           static_cast<unsigned long long>(e.units)));
+      throw DataError(strf("%s/%s: holds %llu samples, not the %llu its manifest entry implies (an empty document?); "
+                           "the plan was made from the manifest", manifest_.dir.c_str(), e.info.file.c_str(),
+                           static_cast<unsigned long long>(got), static_cast<unsigned long long>(e.units)));
     e.units_listed = false;
   }
   return r;

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <set>
 
+#include "common/checksum.h"
 #include "common/files.h"
+#include "data/format/shard.h"
 #include "data/loader/loader.h"
 #include "data/loader/val_reader.h"
 #include "data/remote/cache_dir.h"
@@ -110,6 +112,38 @@ TEST_F(RemoteTest, BucketedLoaderFetchesNoShardToLearnSizes) {
   EXPECT_GE(fetched.size(), 1u);
   EXPECT_LE(fetched.size(), 6u) << "of " << shards << " shards";
   EXPECT_EQ(hashes(c, remote, 100), hashes(c, data::Manifest::load(data), 100));
+}
+
+// The plan counts one sample per document from the manifest: a served shard with an empty document
+// (prep writes none) is refused naming it when first read, not planned past.
+TEST_F(RemoteTest, BucketedShardWithAnEmptyDocumentIsNamed) {
+  const std::string data = make_dataset(tmp_.path(), 3000, 20000);
+  data::Manifest m = data::Manifest::load(data);
+  for (auto& s : m.shards) {  // every shard gets an empty document at its end
+    const std::string path = data + "/" + s.file;
+    std::vector<std::vector<uint32_t>> docs;
+    {
+      data::ShardReader r(path);
+      for (uint64_t i = 0; i < r.num_docs(); ++i) docs.push_back(r.read_doc(i));
+    }
+    data::ShardWriter w(path, data::TokenDtype::kU16);
+    for (const auto& d : docs) w.add_document(d.data(), d.size());
+    w.add_document(nullptr, 0);
+    s.docs = w.num_docs();
+    s.xxh64 = hex64(w.finish());
+  }
+  m.data_version = data::compute_data_version(m.shards, m.tokenizer.hash);
+  files::write_file_atomic(data + "/manifest.json", m.to_json());
+  auto nginx = start_nginx(tmp_.path(), tmp_.path());
+  ASSERT_TRUE(nginx->up());
+  DataConfig c = loader_config(tmp_ / "cache", 64);
+  c.mode = "bucketed";
+  const std::string url = "http://127.0.0.1:" + std::to_string(nginx->port) + "/data";
+  const data::Manifest remote = data::open_dataset(url, "data.train", data::remote_options(c));
+  const std::string e = test::data_error([&] { hashes(c, remote, 50); });
+  EXPECT_NE(e.find(url + "/train_"), std::string::npos) << e;
+  EXPECT_NE(e.find("not the"), std::string::npos) << e;
+  EXPECT_NE(e.find("an empty document?"), std::string::npos) << e;
 }
 
 // Bucketed mode with the default shuffle block: the batches equal the local loader's.
