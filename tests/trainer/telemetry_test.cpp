@@ -123,6 +123,24 @@ TEST_F(TelemetryE2E, MetricsAndTensorBoardAgree) {
   EXPECT_GT(rec["mfu_pct"].get<double>(), 0.0);
 }
 
+// Without validation no val loss is made up: summary.json's val_loss is null and the last line
+// says none (it said "val loss -1.0000").
+TEST_F(TelemetryE2E, NoValidationWritesNoValLoss) {
+  TempDir run;
+  auto r = train(run.path(), {"train.max_steps=2", "log.every_steps=1", "eval.batches=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto summary = read_json(run / "summary.json");
+  ASSERT_TRUE(summary.contains("val_loss")) << summary.dump();
+  EXPECT_TRUE(summary["val_loss"].is_null()) << summary.dump();
+  const size_t done = r.out.find("done: 2 steps");
+  ASSERT_NE(done, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("val loss", done), std::string::npos) << r.out;
+  // With validation: the number.
+  TempDir run2;
+  ASSERT_EQ(train(run2.path(), {"train.max_steps=2", "log.every_steps=1"}).exit_code, 0);
+  EXPECT_TRUE(read_json(run2 / "summary.json")["val_loss"].is_number());
+}
+
 TEST_F(TelemetryE2E, AnomalyEvidenceAndSkippedUpdate) {
   TempDir run;
   // Every step after the warm-up counts as a spike (factor 0.5): updates are skipped, so the

@@ -73,7 +73,7 @@ constexpr const char* kMfuPctMax = "mfu_pct_max";
 // data/share/NAME (the run's realised share, %).
 constexpr const char* kSourceTokens = "source_tokens";
 constexpr const char* kSourceTokensTotal = "source_tokens_total";
-// summary.json (written once at the end): steps, first_loss, last_loss, val_loss, tokens_per_s,
+// summary.json (written once at the end): steps, first_loss, last_loss, val_loss (null without validation), tokens_per_s,
 // wall_s, world_size, telemetry_ms_per_step, telemetry_sink_cpu_ms_per_step, padding_pct (bucketed).
 constexpr const char* kSteps = "steps";
 constexpr const char* kFirstLoss = "first_loss";

@@ -124,14 +124,15 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   if (rank_ != 0) return sum;
   const double pad_pct = log_.padding_pct();
   const bool bucketed = cfg_.data.bucketed();
-  log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f | val loss %.4f | %.0f tok/s%s", (long long)sum.steps,
-                 sum.wall_s, sum.first_loss, sum.last_loss, sum.val_loss, sum.tokens_per_s,
-                 bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
+  // Without validation, no val loss is said (summary.json: null), never a number that reads as one.
+  log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f%s | %.0f tok/s%s", (long long)sum.steps, sum.wall_s,
+                 sum.first_loss, sum.last_loss, sum.val_loss ? strf(" | val loss %.4f", *sum.val_loss).c_str() : "",
+                 sum.tokens_per_s, bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
   const double n = static_cast<double>(std::max<int64_t>(1, steps - start_step));
   const double telemetry_ms = (record_ms_ + sink_->caller_ms()) / n;
   namespace r = records;
   nlohmann::json j{{r::kSteps, sum.steps}, {r::kFirstLoss, sum.first_loss}, {r::kLastLoss, sum.last_loss},
-                   {r::kValLoss, sum.val_loss}, {r::kTokensPerS, sum.tokens_per_s}, {r::kWallS, sum.wall_s},
+                   {r::kValLoss, sum.val_loss ? nlohmann::json(*sum.val_loss) : nlohmann::json(nullptr)}, {r::kTokensPerS, sum.tokens_per_s}, {r::kWallS, sum.wall_s},
                    {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms},
                    {r::kTelemetrySinkCpuMsPerStep, sink_->sink_cpu_ms() / n}};
   if (bucketed) j[r::kPaddingPct] = pad_pct;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ namespace lm {
 struct TrainSummary {
   int64_t steps = 0;
   double first_loss = 0, last_loss = 0;  // mean loss of the first / last logging window
-  double val_loss = -1;                  // last validation loss; -1 when none ran
+  std::optional<double> val_loss;        // last validation loss; none when none ran
   double tokens_per_s = 0;               // over all steps after the first
   double wall_s = 0;
 };
@@ -117,7 +118,7 @@ class RunTelemetry {
   double record_ms_ = 0;               // rank 0 building train records (telemetry's own cost)
   bool window_nonfinite_ = false;      // a step of the open window was non-finite
   int64_t dumps_ = 0;                  // anomaly evidence directories written
-  double val_loss_ = -1;               // the last validation loss (-1: none ran)
+  std::optional<double> val_loss_;     // the last validation loss (none: none ran)
 };
 
 }  // namespace lm
