@@ -317,6 +317,7 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
 }
 
 void Checkpointer::save(const CheckpointState& st) {
+  quarantine_pending();  // (the trainer moves them once its start is accepted, before any save)
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
   const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");

@@ -126,7 +126,7 @@ class Checkpointer : public WriteFence {
   // CheckpointError.
   std::string load_resume(CheckpointState* out);
   // Moves the checkpoints load_resume found damaged into the quarantine, a warning naming each and
-  // why. Called before the first save.
+  // why. The first save() calls it, if nothing did before.
   void quarantine_pending();
   // Reads a checkpoint for this rank, checking every file it reads against manifest.json's size
   // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
