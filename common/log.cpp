@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -60,6 +61,16 @@ std::mutex g_mu;
 std::shared_ptr<spdlog::logger> g_logger;
 // Until the first log file opens (then null: the lines are in that file).
 std::shared_ptr<EarlyLines> g_early = std::make_shared<EarlyLines>();
+bool g_hold = false;  // guarded by g_mu
+std::vector<std::pair<spdlog::level::level_enum, std::string>> g_held;
+
+// True when the line was held back (hold()).
+bool held(spdlog::level::level_enum level, const std::string& msg) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_hold) return false;
+  g_held.emplace_back(level, msg);
+  return true;
+}
 
 std::shared_ptr<spdlog::logger> logger() {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -117,11 +128,38 @@ void init(const std::string& file, bool console, int rank, int world_size) {
   if (early && !file.empty()) early->replay_into(*sinks.back());
 }
 
-void debug(const std::string& msg) { logger()->debug(msg); }
-void info(const std::string& msg) { logger()->info(msg); }
-void warn(const std::string& msg) { logger()->warn(msg); }
+void debug(const std::string& msg) {
+  if (!held(spdlog::level::debug, msg)) logger()->debug(msg);
+}
+void info(const std::string& msg) {
+  if (!held(spdlog::level::info, msg)) logger()->info(msg);
+}
+void warn(const std::string& msg) {
+  if (!held(spdlog::level::warn, msg)) logger()->warn(msg);
+}
 void error(const std::string& msg) { logger()->error(msg); }
 void flush() { logger()->flush(); }
+
+void hold() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_hold = true;
+}
+
+void release() {
+  std::vector<std::pair<spdlog::level::level_enum, std::string>> lines;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_hold = false;
+    lines.swap(g_held);
+  }
+  for (const auto& [level, msg] : lines) logger()->log(level, msg);
+}
+
+void discard() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_hold = false;
+  g_held.clear();
+}
 
 std::string strf(const char* fmt, ...) {
   va_list ap;

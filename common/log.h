@@ -18,6 +18,14 @@ void warn(const std::string& msg);
 void error(const std::string& msg);
 void flush();
 
+// Holds debug, info and warn lines back (error lines are not held): a program that checks its
+// inputs before it starts says nothing but its refusal when a check fails. release() writes the
+// held lines, in order, through the logger as configured then (console and file) and stops holding;
+// discard() drops them (the refusal says what matters) and stops holding.
+void hold();
+void release();
+void discard();
+
 // printf-style formatting into a std::string.
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

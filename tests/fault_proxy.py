@@ -8,9 +8,10 @@ for a share --fail of them chosen from --seed, injects one fault instead:
   truncate  forward the status, headers and half of the body, then close (a short read)
   503       answer 503 Service Unavailable
 After --outage-after requests, every request fails (drop or 503, alternately) for --outage-s seconds.
+After --forbid-after requests, every request is answered 403 Forbidden (an expired session token).
 
 Usage: fault_proxy.py --upstream HOST:PORT --port-file FILE [--fail 0.05] [--outage-after N]
-       [--outage-s S] [--stall-s S] [--seed N] [--stats FILE]
+       [--outage-s S] [--stall-s S] [--forbid-after N] [--seed N] [--stats FILE]
 Writes the port it listens on (127.0.0.1) to --port-file, and the counts of what it did to --stats
 (JSON) after every request.
 """
@@ -22,7 +23,7 @@ import socketserver
 import threading
 import time
 
-FAULTS = ["drop", "stall", "truncate", "503"]
+FAULTS = ["drop", "stall", "truncate", "503", "403"]
 
 
 class State:
@@ -38,12 +39,15 @@ class State:
         with self.lock:
             self.requests += 1
             now = time.monotonic()
+            if self.args.forbid_after and self.requests > self.args.forbid_after:
+                self.counts["403"] += 1
+                return "403"
             if self.args.outage_after and self.requests == self.args.outage_after:
                 self.outage_until = now + self.args.outage_s
             if self.outage_until is not None and now < self.outage_until:
                 self.counts["outage"] += 1
                 return "drop" if self.counts["outage"] % 2 else "503"
-            fault = self.rng.choice(FAULTS) if self.rng.random() < self.args.fail else "ok"
+            fault = self.rng.choice(FAULTS[:4]) if self.rng.random() < self.args.fail else "ok"
             self.counts[fault] += 1
             return fault
 
@@ -87,10 +91,11 @@ class Handler(socketserver.BaseRequestHandler):
             if fault == "stall":
                 time.sleep(st.args.stall_s)
                 return
-            if fault == "503":
-                body = b"injected 503\n"
-                self.request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n"
-                                     b"Connection: close\r\n\r\n%s" % (len(body), body))
+            if fault in ("503", "403"):
+                reason = b"Service Unavailable" if fault == "503" else b"Forbidden"
+                body = b"injected %s\n" % fault.encode()
+                self.request.sendall(b"HTTP/1.1 %s %s\r\nContent-Length: %d\r\n"
+                                     b"Connection: close\r\n\r\n%s" % (fault.encode(), reason, len(body), body))
                 return
             self.forward(head, rest, truncate=fault == "truncate")
         finally:
@@ -135,6 +140,7 @@ def main():
     p.add_argument("--outage-after", type=int, default=0)
     p.add_argument("--outage-s", type=float, default=30.0)
     p.add_argument("--stall-s", type=float, default=2.0)
+    p.add_argument("--forbid-after", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--stats", default="")
     args = p.parse_args()

@@ -74,7 +74,9 @@ struct LoaderPosition : Stateful {
 
 class Trainer {
  public:
-  // Every input is checked before anything is printed or written.
+  // Every input is checked before anything is printed or written (a refusal prints one line and
+  // leaves the run directory as it was: config.yaml, checkpoints and quarantine); the log is held
+  // back meanwhile (train()).
   Trainer(const ExperimentConfig& cfg, const std::string& command)
       : cfg_(cfg), launch_(LaunchEnv::from_environment()), device_(pick_device(cfg.train, launch_.local_rank)),
         rank_(launch_.rank), world_(launch_.world_size), rng_(device_),
@@ -87,16 +89,25 @@ class Trainer {
     resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
     if (!resume_.dir.empty())
       check_compatible(resume_, arch_json(cfg.model, vocab_), data_.resume_version(), cfg.checkpoint.force);
-    if (rank_ == 0) {
-      log::info("trainer: " + command);
-      log::info("resolved config (* = not the default):\n" + to_table(cfg));
-      files::write_file_atomic(run_dir::config(cfg.run.dir), to_yaml(cfg));
-      data_.save_tokenizer(run_dir::tokenizer(cfg.run.dir));
-    }
     build_model();
     register_state();
     ResumeFacts resumed;
     if (!resume_.dir.empty()) resumed = restore();
+    check_data_lasts();
+    // Everything checked: from here on the run prints and writes.
+    log::release();
+    if (rank_ == 0) {
+      log::info("trainer: " + command);
+      log::info("resolved config (* = not the default):\n" + to_table(cfg));
+      ckpt_->quarantine_pending();
+      files::write_file_atomic(run_dir::config(cfg.run.dir), to_yaml(cfg));
+      data_.save_tokenizer(run_dir::tokenizer(cfg.run.dir));
+    }
+    log::info(data_.describe() + strf(", %s mode, %lld samples/epoch", cfg_.data.mode.c_str(),
+                                      (long long)loader_->samples_per_epoch()));
+    log::info(describe_runtime(device_, world_));
+    if (!resume_.dir.empty())
+      log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, resumed.load_ms));
     if (comm_) grad_sync_ = start_data_parallel(*comm_, *m_.flat, *m_.model, cfg.dist.bucket_mb);
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
         &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), grad_sync_.get(), device_, world_, vocab_});
@@ -118,10 +129,14 @@ class Trainer {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
       } catch (const RemoteError&) {  // the data stayed out of reach: checkpoint the last whole step
-        if (auto prev = update_->take()) read_step(*prev, prev->kept);
-        loader_->rewind_to(step_->batches_before());
-        save_and_wait();
+        keep_last_whole_step();
         throw;
+      } catch (const DataError& e) {  // the data ended or went bad (a 4xx): the last whole step, and its weights
+        keep_last_whole_step();
+        if (progress_.step == progress_.start_step) throw;  // nothing new to keep
+        if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
+        throw DataError(strf("%s; stopped after step %lld: its checkpoint and %s saved", e.what(),
+                             (long long)progress_.step, run_dir::weights(cfg_.run.dir).c_str()));
       }
     }
     if (eval_) evaluate();
@@ -160,6 +175,9 @@ class Trainer {
     if (rank_ == 0) lock_ = std::make_unique<DirLock>(dir, run_dir::kLock, "another trainer");
     files::make_dirs(run_dir::logs(dir));
     log::init(run_dir::rank_log(dir, rank_), /*console=*/rank_ == 0, rank_, world_);
+    // A rendezvous may wait long for the other ranks: what it waits for shows from here on (a refused
+    // distributed start may print the start-up lines before its one).
+    if (world_ > 1) log::release();
     comm_ = open_process_group(launch_, cfg_.dist, device_, run_dir::logs(dir));
   }
 
@@ -167,9 +185,6 @@ class Trainer {
     install_caching_host_allocator();
     configure_math(cfg_.train, device_);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_);
-    log::info(data_.describe() + strf(", %s mode, %lld samples/epoch", cfg_.data.mode.c_str(),
-                                      (long long)loader_->samples_per_epoch()));
-    log::info(describe_runtime(device_, world_));
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -196,9 +211,23 @@ class Trainer {
   ResumeFacts restore() {
     const auto t0 = Clock::now();
     state_.restore(resume_.state, resume_.dir);
-    const double load_ms = 1e3 * seconds_since(t0);
-    log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, load_ms));
-    return {progress_.step, resume_.dir, load_ms};
+    return {progress_.step, resume_.dir, 1e3 * seconds_since(t0)};
+  }
+
+  // Refuses (DataError, exit 2) a run whose data the plan shows to end before train.max_steps:
+  // every source with a weight capped by max_epochs (loader.h, batches_left).
+  void check_data_lasts() {
+    const int64_t accum = cfg_.train.grad_accum, steps = cfg_.train.max_steps - progress_.step;
+    if (steps <= 0) return;
+    const uint64_t need = static_cast<uint64_t>(cfg_.data.reuse_batch ? accum : steps * accum);
+    const uint64_t left = loader_->batches_left(need, cfg_.checkpoint.force);
+    if (left >= need) return;
+    const int64_t last = progress_.step + static_cast<int64_t>(left) / accum;
+    throw DataError(strf("train.max_steps=%lld cannot be reached: the data ends after step %lld (batch %llu: every "
+                         "source with a weight reaches its max_epochs); raise a source's max_epochs (data.sources), "
+                         "or set train.max_steps=%lld",
+                         (long long)cfg_.train.max_steps, (long long)last,
+                         static_cast<unsigned long long>(loader_->state().batches + left), (long long)last));
   }
 
   // ---- one optimizer step ---------------------------------------------------------------------
@@ -209,7 +238,9 @@ class Trainer {
     profiler_->before_step(progress_.step);
     const auto t0 = Clock::now();
     torch::Tensor stats;
+    reading_ = true;
     const RankStats mine = step_->run(batches, progress_.step, &stats);
+    reading_ = false;
     auto s = update_->begin(progress_.step + 1, schedule_.at(progress_.step), mine, stats, t0);
     if (auto prev = update_->take()) read_step(*prev, prev->kept);  // done, or nearly, by now
     s->mine.stop = stop_signal::requested() != 0;
@@ -278,6 +309,15 @@ class Trainer {
     log_saves();
   }
   void save_and_wait() { save(), ckpt_->wait(), log_saves(); }
+  // A step's data failed: the step before it (its deferred update read) checkpointed, unless saved
+  // or loaded already, with the loader back at the failed step's first micro-batch.
+  void keep_last_whole_step() {
+    if (auto prev = update_->take()) read_step(*prev, prev->kept);
+    if (reading_) loader_->rewind_to(step_->batches_before());  // (not when validation failed after a step)
+    if (ckpt_->last_save_step() != progress_.step) save();
+    ckpt_->wait();
+    log_saves();
+  }
 
   // Errors of the background writers (checkpoint writer, metrics sink) arrive here, on the training
   // thread (checkpoint.on_error decides); finished saves are recorded.
@@ -317,13 +357,25 @@ class Trainer {
   std::unique_ptr<ForwardBackward> step_;  // its device work
   std::unique_ptr<StepUpdate> update_;     // its update, and the step left unread
   bool stopped_ = false;
+  bool reading_ = false;  // the step's micro-batches are being read and computed
 };
 
 }  // namespace
 
 TrainSummary train(const ExperimentConfig& cfg, const std::string& command) {
   stop_signal::install();  // start-up: a signal exits at once (stop_signal.h)
-  Trainer t(cfg, command);  // bad input throws before anything is written
+  std::unique_ptr<Trainer> trainer;
+  log::hold();  // until every input is checked: a refusal is its one line, what failed otherwise gets its context
+  try {
+    trainer = std::make_unique<Trainer>(cfg, command);  // bad input throws before anything is written
+  } catch (const Error& e) {
+    e.exit_code() == kExitBadInput ? log::discard() : log::release();
+    throw;
+  } catch (...) {
+    log::release();
+    throw;
+  }
+  Trainer& t = *trainer;
   try {
     auto sum = t.run();
     t.finish(kExitOk, "");

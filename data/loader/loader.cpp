@@ -6,6 +6,7 @@
 #include "data/loader/loader.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "data/loader/mix.h"
 #include "data/loader/plan.h"
@@ -23,6 +24,9 @@
 namespace lm::data {
 
 namespace {
+
+// batches_left's work bound: samples planned (a packed sample costs ~0.1 us to plan).
+constexpr uint64_t kCountSamples = uint64_t{20} << 20;
 
 // Checks the arguments before anything is opened: the data.* options name their key (ConfigError).
 const DataConfig& checked(const DataConfig& c, int64_t seq_len, int64_t micro_batch, int rank, int world) {
@@ -42,6 +46,8 @@ struct Loader::Impl {
   std::unique_ptr<Workers> workers;
   Fingerprint fingerprint;
   uint64_t samples_per_epoch = 0;
+  bool bucketed = false;
+  std::function<std::unique_ptr<MixPlanner>()> counting_mix;  // a mixture: a quiet planner of its own (batches_left)
 
   // The units the manifest tells (a remote dataset's shards are then not fetched at start): packed,
   // tokens + docs; bucketed, one sample per document (prep writes no empty document; checked when
@@ -79,6 +85,7 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
     throw Error("Loader: needs one dataset per data.sources entry");
   for (const auto& m : sources) impl_->open(c, m, split, seq_len);
   const Manifest& first = sources[0];
+  impl_->bucketed = c.bucketed();
   uint64_t block = static_cast<uint64_t>(c.shuffle_buffer);
   if (c.train_form) {  // data.train: one stream, seeded by the run's seed (loader.h)
     auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
@@ -91,6 +98,11 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
     for (size_t i = 0; i < sources.size(); ++i) mix.push_back({impl_->sets[i].get(), sources[i].data_version});
     auto p = std::make_unique<MixPlanner>(c, mix, first.tokenizer.hash, seq_len, micro_batch, rank, world_size, seed,
                                           micro_per_step);
+    impl_->counting_mix = [=, hash = first.tokenizer.hash] {
+      auto q = std::make_unique<MixPlanner>(c, mix, hash, seq_len, micro_batch, rank, world_size, seed, micro_per_step);
+      q->set_quiet();
+      return q;
+    };
     impl_->samples_per_epoch = p->samples_per_epoch(0);
     impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, block);
     impl_->planner = std::move(p);
@@ -117,6 +129,17 @@ LoaderState Loader::state() const {
   s.fingerprint = impl_->fingerprint;
   impl_->planner->save(s);
   return s;
+}
+
+uint64_t Loader::batches_left(uint64_t limit, bool force) const {
+  if (!impl_->counting_mix) return limit;  // one stream: epochs without end
+  // Bucketed samples' lengths come from the shards: not fetched (remote) or tokenized (raw text) for a count.
+  for (const auto& s : impl_->sets)
+    if (s->remote() && impl_->bucketed) return limit;
+  auto p = impl_->counting_mix();
+  const LoaderState s = state();
+  if (s.batches > 0) p->restart(s, force);  // a resumed position
+  return p->batches_left(limit, kCountSamples);
 }
 
 void Loader::rewind_to(uint64_t batches) { impl_->workers->rewind_to(batches); }

@@ -163,6 +163,12 @@ class Loader {
   // stream whose state is of another data version starts from the beginning (warned).
   void load_state(const LoaderState& s, bool force = false);
   int64_t samples_per_epoch() const;  // a mixture: its first source's
+  // Whole global batches the stream holds from state() on, counted up to `limit`: fewer only when
+  // the plan shows a mixture's data to end first (every source with a weight at its max_epochs,
+  // stages included). `limit` where the data never ends (one stream; a stage with an uncapped
+  // source), where the count would read shards (bucketed remote or raw-text sources) or take long.
+  // force: as load_state's. Throws DataError as the loader would when it reached bad data.
+  uint64_t batches_left(uint64_t limit, bool force = false) const;
 
   struct Impl;
 

@@ -114,6 +114,7 @@ std::vector<double> MixPlanner::weights_of(int64_t stage) const {
 
 void MixPlanner::begin_segment(int64_t stage, const std::string& why) {
   const std::vector<double> w = weights_of(stage);
+  exhausted_ = w.empty();
   if (w.empty())
     throw DataError(strf("data: no source left to read at batch %llu (%s): every source with a weight has reached its "
                          "max_epochs", static_cast<unsigned long long>(batches_), why.c_str()));
@@ -159,6 +160,24 @@ Plan::Row MixPlanner::take(size_t s, Plan& p, int64_t* tokens) {
 }
 
 Plan MixPlanner::next() {
+  Plan p;
+  std::vector<Plan::Row> rows = plan_global(p);
+  if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h); a budget's G is a multiple of the ranks
+    std::stable_sort(rows.begin(), rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
+    for (size_t i = static_cast<size_t>(rank_); i < rows.size(); i += static_cast<size_t>(world_)) p.rows.push_back(rows[i]);
+  } else {
+    p.rows.assign(rows.begin() + rank_ * B_, rows.begin() + (rank_ + 1) * B_);
+  }
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    streams_[s].planner->forget_before(st_.sources[s].cursor);
+    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
+  }
+  p.cursor_after = cursor_;
+  p.mix_after = std::make_shared<const MixState>(st_);
+  return p;
+}
+
+std::vector<Plan::Row> MixPlanner::plan_global(Plan& p) {
   const int64_t stage = stage_of(batches_, st_.total);
   const std::vector<double> w = weights_of(stage);
   bool same = stage == st_.stage && !w.empty();
@@ -168,7 +187,6 @@ Plan MixPlanner::next() {
                          : resumed_      ? "the mixture changed at resume"
                                          : strf("stage %lld", static_cast<long long>(stage + 1)));
   resumed_ = false;
-  Plan p;
   p.source_tokens.assign(streams_.size(), 0);
   const uint64_t G = own_.token_budget > 0 ? budget_rows() : static_cast<uint64_t>(world_ * B_);
   std::vector<Plan::Row> rows;
@@ -180,21 +198,52 @@ Plan MixPlanner::next() {
     rows.push_back(take(s, p, &tokens));
     p.source_tokens[s] += tokens;
   }
-  if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h); a budget's G is a multiple of the ranks
-    std::stable_sort(rows.begin(), rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
-    for (size_t i = static_cast<size_t>(rank_); i < rows.size(); i += static_cast<size_t>(world_)) p.rows.push_back(rows[i]);
-  } else {
-    p.rows.assign(rows.begin() + rank_ * B_, rows.begin() + (rank_ + 1) * B_);
-  }
   cursor_ += G;
   ++batches_;
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    streams_[s].planner->forget_before(st_.sources[s].cursor);
-    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
+  return rows;
+}
+
+bool MixPlanner::can_end() const {
+  auto all_capped = [&](const std::vector<double>& w) {
+    bool any = false;
+    for (size_t s = 0; s < w.size(); ++s)
+      if (w[s] > 0) {
+        if (streams_[s].config->max_epochs <= 0) return false;
+        any = true;
+      }
+    return any;
+  };
+  std::vector<double> w(streams_.size(), 0.0);
+  if (c_.stages.empty()) {
+    for (size_t s = 0; s < streams_.size(); ++s) w[s] = streams_[s].config->weight;
+    return all_capped(w);
   }
-  p.cursor_after = cursor_;
-  p.mix_after = std::make_shared<const MixState>(st_);
-  return p;
+  for (const auto& stage : c_.stages) {
+    std::fill(w.begin(), w.end(), 0.0);
+    for (const auto& [name, v] : stage.weights)
+      for (size_t s = 0; s < streams_.size(); ++s)
+        if (streams_[s].config->name == name) w[s] = v;
+    if (all_capped(w)) return true;
+  }
+  return false;
+}
+
+uint64_t MixPlanner::batches_left(uint64_t limit, uint64_t max_samples) {
+  if (!can_end()) return limit;
+  quiet_ = true;
+  const uint64_t start = cursor_;
+  for (uint64_t n = 0; n < limit; ++n) {
+    if (cursor_ - start > max_samples) return limit;  // not known cheaply: the run finds out (train.cpp)
+    try {
+      Plan p;
+      plan_global(p);
+    } catch (const DataError&) {
+      if (exhausted_) return n;
+      throw;
+    }
+    for (size_t s = 0; s < streams_.size(); ++s) streams_[s].planner->forget_before(st_.sources[s].cursor);
+  }
+  return limit;
 }
 
 // Bucketed with data.token_budget: the global batch takes the mixture's next samples in groups of
@@ -203,6 +252,7 @@ Plan MixPlanner::next() {
 uint64_t MixPlanner::budget_rows() {
   const MixState start = st_;
   const size_t W = static_cast<size_t>(world_);
+  const bool was_quiet = quiet_;
   quiet_ = true;
   uint64_t k = 0;
   uint32_t longest = 0;
@@ -223,7 +273,7 @@ uint64_t MixPlanner::budget_rows() {
   } catch (const DataError&) {
     k = std::max<uint64_t>(k, 1);
   }
-  quiet_ = false;
+  quiet_ = was_quiet;
   st_ = start;
   return k * W;
 }
@@ -237,7 +287,7 @@ void MixPlanner::restart(const LoaderState& s, bool force) {
   const MixState old = MixState::from_json(s.mix);
   auto refuse = [&](const std::string& what) {
     if (!force) throw DataError("loader state: " + what + " (checkpoint.force=true continues anyway)");
-    log::warn("loader state: " + what + ": continuing (checkpoint.force)");
+    if (!quiet_) log::warn("loader state: " + what + ": continuing (checkpoint.force)");
   };
   if (old.tokenizer != st_.tokenizer)
     refuse("the tokenizer changed: hash " + old.tokenizer + " in the checkpoint, " + st_.tokenizer + " now");
@@ -259,7 +309,7 @@ void MixPlanner::restart(const LoaderState& s, bool force) {
     *it = o;
   }
   for (const auto& n : now.sources)
-    if (std::none_of(old.sources.begin(), old.sources.end(), [&](const auto& o) { return o.name == n.name; }))
+    if (!quiet_ && std::none_of(old.sources.begin(), old.sources.end(), [&](const auto& o) { return o.name == n.name; }))
       log::info(strf("data: source '%s' appended at batch %llu", n.name.c_str(), static_cast<unsigned long long>(s.batches)));
   now.stage = old.stage, now.seg_start = old.seg_start, now.seg_total = old.seg_total, now.total = old.total;
   st_ = now;

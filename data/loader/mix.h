@@ -66,6 +66,13 @@ class MixPlanner : public BatchPlanner {
   // version) unless force, which warns and drops or restarts that source.
   void restart(const LoaderState& s, bool force) override;
   MixSnapshot mix_state() const override { return std::make_shared<const MixState>(st_); }
+  // Whole global batches the stream holds from where planning stands, counted up to `limit`
+  // (returned when the data lasts that long, or when that is not known within `max_samples`
+  // samples planned). Plans quietly on this planner, which it leaves past them: call it on a planner
+  // of its own (Loader::batches_left). Without a stage whose every weighted source has a
+  // max_epochs, the data never ends: `limit` at once.
+  uint64_t batches_left(uint64_t limit, uint64_t max_samples);
+  void set_quiet() { quiet_ = true; }  // no log lines (a planner that only counts)
   uint64_t samples_per_epoch(size_t source) const { return streams_[source].n; }
 
  private:
@@ -81,6 +88,8 @@ class MixPlanner : public BatchPlanner {
   size_t pick() const;
   Plan::Row take(size_t s, Plan& p, int64_t* tokens);
   uint64_t budget_rows();
+  std::vector<Plan::Row> plan_global(Plan& p);  // the global batch's rows, the state after it
+  bool can_end() const;
 
   const DataConfig c_;  // a copy: streams_ point into c_.sources
   std::vector<Stream> streams_;
@@ -91,7 +100,8 @@ class MixPlanner : public BatchPlanner {
   uint64_t cursor_ = 0, batches_ = 0;  // global stream samples and batches planned
   MixState st_;                        // after the last planned batch
   bool resumed_ = false;               // restart() was called and next() not yet
-  bool quiet_ = false;                 // budget_rows() is trying samples: no log lines
+  bool quiet_ = false;                 // budget_rows() is trying samples, or batches_left() counts: no log lines
+  bool exhausted_ = false;             // no source left to read (begin_segment threw)
 };
 
 }  // namespace lm::data

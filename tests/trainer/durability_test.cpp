@@ -113,6 +113,8 @@ TEST(Durability, DamagedCheckpointsAreMovedAsideNeverDeleted) {
   CheckpointState st;
   EXPECT_EQ(ck.load_resume(&st), run_dir::checkpoint(run.path(), 2));
   const std::string q = run_dir::quarantine(run.path());
+  EXPECT_FALSE(stdfs::exists(q)) << "moved only once the start is accepted";
+  ck.quarantine_pending();
   EXPECT_TRUE(stdfs::exists(q + "/step_00000003/model.safetensors"));
   ck.save(small_state(3, 3.0f));
   ck.save(small_state(4, 4.0f));  // retention: keeps 4 and 3; step 2 verifies (deleted), step 1 does not
@@ -301,6 +303,7 @@ TEST(Durability, RandomCorruptionOfAnyCheckpointFileFallsBack) {
         try {
           EXPECT_EQ(ck.load_resume(&st), run_dir::checkpoint(run.path(), 1)) << name << " at " << at;
           EXPECT_EQ(st.step, 1);
+          ck.quarantine_pending();
           EXPECT_TRUE(stdfs::exists(run_dir::quarantine(run.path()) + "/step_00000002/" + name)) << name;
         } catch (const CheckpointError& e) {  // refused: a manifest whose version digit changed
           EXPECT_NE(std::string(e.what()).find("format version"), std::string::npos) << name << ": " << e.what();

@@ -1,6 +1,7 @@
 // The trainer on remote datasets, in real processes, against nginx and the fault-injecting proxy
 // (remote_servers.h): faults and an outage are ridden out with the local run's exact batches; a
-// fault longer than data.remote_timeout_s ends the run after a checkpoint and a rerun resumes it;
+// fault longer than data.remote_timeout_s ends the run after a checkpoint and a rerun resumes it, a
+// 403 mid-run too (exit 2, with the weights);
 // a cache too small fails at start; two runs share one cache. Skipped, saying why, without nginx.
 #include <nlohmann/json.hpp>
 
@@ -103,6 +104,39 @@ TEST_F(RemoteTrainTest, OutageLongerThanTimeoutCheckpointsAndResumes) {
   ASSERT_LT(before.rbegin()->first, steps);
   EXPECT_TRUE(test::fs::exists(run_dir::checkpoint(tmp_ / "runs/run", before.rbegin()->first))) << cut.out;
   auto rerun = test::run_bin("trainer", {config("run", url(nginx->port), "remote_timeout_s: 30", steps), shape[0], shape[1]});
+  ASSERT_EQ(rerun.exit_code, 0) << rerun.out;
+  EXPECT_NE(rerun.out.find("resumed from"), std::string::npos) << rerun.out;
+  EXPECT_EQ(batch_hashes("run"), batch_hashes("local"));
+}
+
+// A permanent answer mid-run (403: an expired session token) ends the run at once, exit 2, after
+// the last whole step's checkpoint and the weights, meta.json saying why; rerun against the good
+// server, it resumes there with the local run's batches.
+TEST_F(RemoteTrainTest, ForbiddenMidRunKeepsTheLastStep) {
+  const std::string data = test::make_dataset(tmp_.path(), 3000, 2000);
+  auto nginx = test::start_nginx(tmp_.path(), tmp_.path());
+  ASSERT_TRUE(nginx->up());
+  auto proxy = test::start_proxy(nginx->port, tmp_.path(), {"--fail", "0", "--forbid-after", "20"});
+  ASSERT_TRUE(proxy->up());
+  const int steps = 300;
+  const std::vector<std::string> shape = {"train.micro_batch_size=8", "train.grad_accum=2"};
+  auto local = test::run_bin("trainer", {config("local", data, "", steps), shape[0], shape[1]});
+  ASSERT_EQ(local.exit_code, 0) << local.out;
+  auto cut = test::run_bin("trainer", {config("run", url(proxy->port), "", steps), shape[0], shape[1]});
+  ASSERT_EQ(cut.exit_code, 2) << cut.out;
+  EXPECT_EQ(test::count_in(cut.out, "trainer: error:"), 1) << cut.out;
+  EXPECT_NE(cut.out.find("403"), std::string::npos) << cut.out;
+  const Hashes before = batch_hashes("run");
+  ASSERT_FALSE(before.empty());
+  const int64_t last = before.rbegin()->first;
+  ASSERT_LT(last, steps);
+  EXPECT_NE(cut.out.find("stopped after step " + std::to_string(last) + ":"), std::string::npos) << cut.out;
+  EXPECT_TRUE(test::fs::exists(run_dir::checkpoint(tmp_ / "runs/run", last))) << cut.out;
+  EXPECT_TRUE(test::fs::exists(run_dir::weights(tmp_ / "runs/run"))) << cut.out;
+  const auto meta = nlohmann::json::parse(test::read_text(run_dir::meta(tmp_ / "runs/run")));
+  EXPECT_EQ(meta.at("exit_code"), 2);
+  EXPECT_NE(meta.at("error").get<std::string>().find("403"), std::string::npos) << meta.dump();
+  auto rerun = test::run_bin("trainer", {config("run", url(nginx->port), "", steps), shape[0], shape[1]});
   ASSERT_EQ(rerun.exit_code, 0) << rerun.out;
   EXPECT_NE(rerun.out.find("resumed from"), std::string::npos) << rerun.out;
   EXPECT_EQ(batch_hashes("run"), batch_hashes("local"));

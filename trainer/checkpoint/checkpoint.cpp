@@ -317,6 +317,7 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
 }
 
 void Checkpointer::save(const CheckpointState& st) {
+  quarantine_pending();  // (the trainer moves them once its start is accepted, before any save)
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
   const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");
@@ -518,7 +519,7 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
       bad.emplace_back(dir, what);
       continue;
     }
-    for (auto& [d, w] : bad) quarantine(d, w);
+    pending_quarantine_ = std::move(bad);
     return dir;
   }
   if (bad.empty()) return "";
@@ -528,9 +529,14 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
     throw CheckpointError(msg + " set checkpoint.resume=none to start afresh beside them, or checkpoint.force=true "
                           "to move them to " + quarantine_ + " and start afresh");
   }
-  for (auto& [d, w] : bad) quarantine(d, w);
+  pending_quarantine_ = std::move(bad);
   log::warn("no checkpoint verifies: starting afresh (checkpoint.force)");
   return "";
+}
+
+void Checkpointer::quarantine_pending() {
+  for (auto& [d, w] : pending_quarantine_) quarantine(d, w);
+  pending_quarantine_.clear();
 }
 
 CheckpointState Checkpointer::load(const std::string& dir) {

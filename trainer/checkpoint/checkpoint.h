@@ -120,10 +120,14 @@ class Checkpointer : public WriteFence {
 
   // Loads the checkpoint to resume from per cfg.resume into *out and returns its directory, or ""
   // for a fresh start. "auto": the newest directory under RUN_DIR/checkpoints whose manifest and
-  // checksums verify; newer ones that do not are moved to the quarantine with a warning naming
-  // each and why; none verifies: CheckpointError (see above). An explicit path that does not
-  // verify throws CheckpointError.
+  // checksums verify; newer ones that do not are to be moved to the quarantine (by
+  // quarantine_pending(), once the run is known to start: a refused start moves nothing); none
+  // verifies: CheckpointError (see above). An explicit path that does not verify throws
+  // CheckpointError.
   std::string load_resume(CheckpointState* out);
+  // Moves the checkpoints load_resume found damaged into the quarantine, a warning naming each and
+  // why. The first save() calls it, if nothing did before.
+  void quarantine_pending();
   // Reads a checkpoint for this rank, checking every file it reads against manifest.json's size
   // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
   // the last save. Throws CheckpointError naming the file.
@@ -153,6 +157,7 @@ class Checkpointer : public WriteFence {
   StagingBuffer staging_;  // the async saves' snapshot, kept between saves
   StallMeter stall_;
   std::mutex mu_;
+  std::vector<std::pair<std::string, std::string>> pending_quarantine_;  // load_resume's: directory, why
   std::set<int64_t> verified_;  // steps known to verify: committed or loaded here (guarded by mu_)
   SaveInterval interval_;
   int64_t last_save_step_ = 0;
