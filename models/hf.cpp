@@ -1,6 +1,9 @@
 // Hugging Face names and layouts (see hf.h).
 #include "models/hf.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
@@ -95,25 +98,95 @@ TensorPairs from_hf(const ModelConfig& c, const TensorPairs& hf) {
   return out;
 }
 
+namespace {
+
+// A config.json field that changes the math: our value, what transformers reads when a file omits
+// it (computed from the file: some defaults follow other fields), and values that compute the
+// same as ours.
+struct MathField {
+  std::string name;
+  nlohmann::json ours;
+  std::function<nlohmann::json(const nlohmann::json& file)> absent;
+  std::string key;  // the model key(s) our value comes from
+  std::vector<nlohmann::json> same = {};
+};
+
+std::function<nlohmann::json(const nlohmann::json&)> hf_default(nlohmann::json v) {
+  return [v](const nlohmann::json&) { return v; };
+}
+
+std::vector<MathField> math_fields(const ModelConfig& c, int64_t vocab) {
+  const int64_t d = c.d_model;
+  if (c.arch == "gpt")  // GPT2Config's defaults
+    return {{"vocab_size", vocab, hf_default(50257), "the padded vocabulary: model.vocab_size / data, model.vocab_multiple"},
+            {"n_embd", d, hf_default(768), "model.d_model"},
+            {"n_layer", c.n_layer, hf_default(12), "model.n_layer"},
+            {"n_head", c.n_head, hf_default(12), "model.n_head"},
+            {"n_positions", c.seq_len, hf_default(1024), "model.seq_len"},
+            {"n_inner", nullptr, hf_default(nullptr), "4 x model.d_model", {4 * d}},
+            {"activation_function", "gelu_new", hf_default("gelu_new"), "GELU, tanh approximation", {"gelu_pytorch_tanh"}},
+            {"layer_norm_epsilon", 1e-5, hf_default(1e-5), "LayerNorm's eps"},
+            {"tie_word_embeddings", true, hf_default(true), "gpt's tied head"},
+            {"scale_attn_weights", true, hf_default(true), "attention scaled by 1/sqrt(head width)"},
+            {"scale_attn_by_inverse_layer_idx", false, hf_default(false), "attention scaled by 1/sqrt(head width)"}};
+  auto heads = [](const nlohmann::json& f) { return f.value("num_attention_heads", nlohmann::json(32)); };
+  return {{"vocab_size", vocab, hf_default(32000), "the padded vocabulary: model.vocab_size / data, model.vocab_multiple"},
+          {"hidden_size", d, hf_default(4096), "model.d_model"},
+          {"intermediate_size", ffn_hidden(c), hf_default(11008), "model.ffn_multiple_of, model.ffn_dim_multiplier"},
+          {"num_hidden_layers", c.n_layer, hf_default(32), "model.n_layer"},
+          {"num_attention_heads", c.n_head, hf_default(32), "model.n_head"},
+          {"num_key_value_heads", kv_heads(c), heads, "model.n_kv_head"},
+          {"head_dim", d / c.n_head,
+           [heads](const nlohmann::json& f) {
+             const auto h = heads(f), w = f.value("hidden_size", nlohmann::json(4096));
+             if (!h.is_number_integer() || !w.is_number_integer() || h.get<int64_t>() <= 0) return nlohmann::json();
+             return nlohmann::json(w.get<int64_t>() / h.get<int64_t>());
+           },
+           "model.d_model / model.n_head"},
+          {"rms_norm_eps", c.norm_eps, hf_default(1e-6), "model.norm_eps"},
+          {"rope_theta", c.rope_theta, hf_default(10000.0), "model.rope_theta"},
+          {"rope_scaling", nullptr, hf_default(nullptr), "llama's RoPE has no scaling"},
+          {"hidden_act", "silu", hf_default("silu"), "llama's SwiGLU"},
+          {"attention_bias", false, hf_default(false), "llama has no biases"},
+          {"mlp_bias", false, hf_default(false), "llama has no biases"},
+          {"tie_word_embeddings", c.tie_embeddings, hf_default(false), "model.tie_embeddings"}};
+}
+
+bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number() && !a.is_boolean() && !b.is_boolean()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return x == y || std::abs(x - y) <= 1e-12 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
+}  // namespace
+
 nlohmann::json hf_config(const ModelConfig& c, int64_t vocab, int64_t eos_id, int64_t pad_id) {
-  nlohmann::json j = {{"model_type", hf_model_type(c.arch)}, {"vocab_size", vocab}, {"bos_token_id", eos_id},
-                      {"eos_token_id", eos_id}, {"pad_token_id", pad_id}, {"torch_dtype", "float32"},
-                      {"initializer_range", c.init_std}};
+  nlohmann::json j = {{"model_type", hf_model_type(c.arch)}, {"bos_token_id", eos_id}, {"eos_token_id", eos_id},
+                      {"pad_token_id", pad_id}, {"torch_dtype", "float32"}, {"initializer_range", c.init_std}};
+  for (const auto& f : math_fields(c, vocab)) j[f.name] = f.ours;
   if (c.arch == "gpt") {
     j["architectures"] = {"GPT2LMHeadModel"};
-    j.update({{"n_embd", c.d_model}, {"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_positions", c.seq_len},
-              {"n_ctx", c.seq_len}, {"n_inner", nullptr}, {"activation_function", "gelu_new"},
-              {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout},
-              {"attn_pdrop", c.dropout}, {"tie_word_embeddings", true}});
+    j.update({{"n_ctx", c.seq_len}, {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", c.dropout}});
     return j;
   }
   j["architectures"] = {"LlamaForCausalLM"};
-  j.update({{"hidden_size", c.d_model}, {"intermediate_size", ffn_hidden(c)}, {"num_hidden_layers", c.n_layer},
-            {"num_attention_heads", c.n_head}, {"num_key_value_heads", kv_heads(c)}, {"head_dim", c.d_model / c.n_head},
-            {"max_position_embeddings", c.seq_len}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-            {"rope_scaling", nullptr}, {"hidden_act", "silu"}, {"attention_bias", false}, {"mlp_bias", false},
-            {"attention_dropout", 0.0}, {"tie_word_embeddings", c.tie_embeddings}});
+  j.update({{"max_position_embeddings", c.seq_len}, {"attention_dropout", 0.0}});
   return j;
+}
+
+std::string hf_config_mismatch(const ModelConfig& c, int64_t vocab, const nlohmann::json& file) {
+  for (const auto& f : math_fields(c, vocab)) {
+    const bool has = file.contains(f.name);
+    const nlohmann::json v = has ? file[f.name] : f.absent(file);
+    bool ok = same_value(v, f.ours);
+    for (const auto& s : f.same) ok = ok || same_value(v, s);
+    if (!ok)
+      return f.name + " is " + (has ? v.dump() : "absent (transformers reads " + v.dump() + ")") + ", the config gives " +
+             f.ours.dump() + " (" + f.key + ")";
+  }
+  return "";
 }
 
 }  // namespace lm

@@ -35,5 +35,16 @@ TensorPairs to_hf(const ModelConfig& c, const TensorPairs& ours);
 TensorPairs from_hf(const ModelConfig& c, const TensorPairs& hf);
 // config.json for a padded vocabulary; eos_id/pad_id from the tokenizer.
 nlohmann::json hf_config(const ModelConfig& c, int64_t vocab, int64_t eos_id, int64_t pad_id);
+// "" when `file` (a config.json of c's model_type) describes the model that c and `vocab` build,
+// else why, naming the first field that differs, the file's value and the config's:
+// "num_attention_heads is 8, the config gives 4 (model.n_head)". Every field that changes the math
+// is compared, a field the file omits as transformers reads it (its default): gpt2: vocab_size,
+// n_embd, n_layer, n_head, n_positions, n_inner, activation_function, layer_norm_epsilon,
+// tie_word_embeddings, scale_attn_weights, scale_attn_by_inverse_layer_idx; llama: vocab_size,
+// hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+// head_dim, rms_norm_eps, rope_theta, rope_scaling, hidden_act, attention_bias, mlp_bias,
+// tie_word_embeddings. Not compared: llama's max_position_embeddings (the length of RoPE's table
+// only: a position below both computes the same), dropouts, token ids, initializer_range.
+std::string hf_config_mismatch(const ModelConfig& c, int64_t vocab, const nlohmann::json& file);
 
 }  // namespace lm

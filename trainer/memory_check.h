@@ -19,9 +19,11 @@ struct MemoryEstimate {
   double total() const { return params + optimizer + activations + staging; }
 };
 
-// Parameters 4N, gradients 4N, AdamW 8N, EMA 4N (N from the GPT shape with a tied head);
-// activations per layer ~ B*T*d*(34 + 5*H*T/d) 16-bit values (Korthikanti et al., 2022), doubled
-// for fp32, plus 3 B*T*V fp32 values for the logits and their gradients; with async checkpoints,
+// Parameters 4N, gradients 4N, AdamW 8N, EMA 4N (N: the parameters model.arch builds,
+// models/registry.h param_count: GQA, the SwiGLU width, an untied head counted); activations per
+// layer ~ B*T*(34d + 5*H*T) 16-bit values for gpt (Korthikanti et al., 2022), the same count of
+// llama's tensors for llama (memory_check.cpp), doubled for fp32, plus 3 B*T*V fp32 values for
+// the logits and their gradients; with async checkpoints,
 // the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
 // allocated at start). An estimate, not a bound.
 MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab);

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/build.h"
@@ -286,6 +287,96 @@ TEST(Hf, ExportThenInitFromGivesIdenticalLogits) {
   }
 }
 
+// An HF directory as export writes it (hf_config, to_hf) from a module of `c`.
+LM write_hf_dir(const std::string& dir, const ModelConfig& c, int64_t V) {
+  torch::manual_seed(5);
+  LM m = build_model(c, V);
+  ::mkdir(dir.c_str(), 0755);
+  save_safetensors(dir + "/model.safetensors", to_hf(c, module_tensors(*m)));
+  test::write_text(dir + "/config.json", hf_config(c, V, 0, 0).dump(2));
+  return m;
+}
+
+// Every config.json field that changes the math, changed one at a time (or removed where
+// transformers' default differs from ours), is refused naming the field, the file's value and the
+// config's; the shapes alone would let most of them through (heads, eps, RoPE, activation...).
+// The unchanged directory, and one whose changes compute the same, load with identical logits.
+TEST(Hf, InitFromRefusesEveryFieldThatChangesTheMath) {
+  auto llama = tiny_llama();
+  auto untied = llama;  // d 32, 4 heads, 2 kv heads, untied, ffn 96
+  auto tied = llama;
+  tied.tie_embeddings = true, tied.n_kv_head = 0, tied.norm_eps = 1e-6, tied.rope_theta = 500000;
+  const std::vector<std::pair<std::string, nlohmann::json>> llama_changes = {
+      {"vocab_size", 128},          {"hidden_size", 64},          {"intermediate_size", 128},
+      {"num_hidden_layers", 3},     {"num_attention_heads", 8},   {"num_key_value_heads", 4},
+      {"head_dim", 16},             {"rms_norm_eps", 1e-3},       {"rope_theta", 500001.0},
+      {"hidden_act", "gelu"},       {"attention_bias", true},     {"mlp_bias", true},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
+  const std::vector<std::pair<std::string, nlohmann::json>> gpt_changes = {
+      {"vocab_size", 128},          {"n_embd", 64},               {"n_layer", 3},
+      {"n_head", 4},                {"n_positions", 32},          {"n_inner", 64},
+      {"activation_function", "relu"}, {"layer_norm_epsilon", 1e-6}, {"tie_word_embeddings", false},
+      {"scale_attn_weights", false}, {"scale_attn_by_inverse_layer_idx", true}};
+  struct Case {
+    ModelConfig c;
+    std::vector<std::pair<std::string, nlohmann::json>> changes;
+    std::vector<std::string> removed_refused, removed_ok;  // fields deleted from the file
+  };
+  auto llama_all = llama_changes;
+  llama_all.push_back({"tie_word_embeddings", true});
+  auto tied_all = llama_changes;
+  tied_all.push_back({"tie_word_embeddings", false});
+  tied_all[5].second = 2;  // num_key_value_heads: 4 is the model's own here
+  const std::vector<Case> cases = {
+      {untied, llama_all, {"rms_norm_eps", "num_key_value_heads", "intermediate_size"}, {"head_dim", "rope_theta", "mlp_bias"}},
+      {tied, tied_all, {"rope_theta", "tie_word_embeddings"}, {"num_key_value_heads", "head_dim", "rms_norm_eps"}},
+      {test::tiny_model(), gpt_changes, {"n_head", "n_positions"}, {"n_inner", "layer_norm_epsilon", "activation_function"}}};
+  const int64_t V = 96;
+  for (const auto& k : cases) {
+    TempDir tmp;
+    const std::string dir = tmp / "hf";
+    LM a = write_hf_dir(dir, k.c, V);
+    const auto good = nlohmann::json::parse(test::read_text(dir + "/config.json"));
+    auto idx = torch::randint(0, V, {2, k.c.seq_len}, torch::kLong);
+    auto loads = [&](const nlohmann::json& j) {
+      test::write_text(dir + "/config.json", j.dump(2));
+      LM b = build_model(k.c, V);
+      init_from_hf(*b, dir);
+      a->eval(), b->eval();
+      EXPECT_TRUE(torch::equal(a->forward(idx), b->forward(idx))) << k.c.arch << " " << j.dump();
+    };
+    auto refused = [&](const nlohmann::json& j, const std::string& field, const std::string& want) {
+      test::write_text(dir + "/config.json", j.dump(2));
+      LM b = build_model(k.c, V);
+      try {
+        init_from_hf(*b, dir);
+        ADD_FAILURE() << k.c.arch << ": " << field << " changed to " << j.value(field, nlohmann::json()).dump() << " was loaded";
+      } catch (const CheckpointError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(dir + "/config.json (model.init_from): " + field + " is "), std::string::npos) << msg;
+        EXPECT_NE(msg.find(want), std::string::npos) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      }
+    };
+    loads(good);
+    for (const auto& [field, value] : k.changes) {
+      ASSERT_TRUE(good.contains(field)) << field;
+      auto j = good;
+      j[field] = value;
+      refused(j, field, field + " is " + value.dump() + ", the config gives " + good[field].dump());
+    }
+    for (const auto& field : k.removed_refused) {
+      auto j = good;
+      j.erase(field);
+      refused(j, field, field + " is absent (transformers reads ");
+    }
+    auto same = good;  // removed where transformers' default is ours; spelled otherwise, the same math
+    for (const auto& field : k.removed_ok) same.erase(field);
+    if (k.c.arch == "gpt") same["n_inner"] = 4 * k.c.d_model, same["activation_function"] = "gelu_pytorch_tanh";
+    loads(same);
+  }
+}
+
 TEST(Hf, InitFromRefusesAnotherShapeOrArchitecture) {
   TempDir run, out;
   train_run("configs/llama-tiny.yaml", run.path());
@@ -296,7 +387,13 @@ TEST(Hf, InitFromRefusesAnotherShapeOrArchitecture) {
   args.push_back("model.n_kv_head=4");
   auto r = run_bin("trainer", args);
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("tensor 'model.layers.0.self_attn.k_proj.weight' has shape [32, 64], the config gives [64, 64]"),
+  EXPECT_NE(r.out.find("num_key_value_heads is 2, the config gives 4 (model.n_kv_head)"), std::string::npos) << r.out;
+  // Half the heads at the same width: every tensor has the shape it had, the logits would not.
+  args = base;
+  args.insert(args.end(), {"model.n_head=2", "model.n_kv_head=1"});
+  r = run_bin("trainer", args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("config.json (model.init_from): num_attention_heads is 4, the config gives 2 (model.n_head)\n"),
             std::string::npos) << r.out;
   args = base;
   args[0] = test::source_path("configs/tiny.yaml");

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -206,6 +207,53 @@ TEST_F(TelemetryE2E, ProgressBarOnlyOnATerminal) {
   ASSERT_EQ(plain.exit_code, 0);
   EXPECT_EQ(plain.out.find("ETA"), std::string::npos);
   EXPECT_NE(plain.out.find("step     20/20 | loss"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lm
+
+namespace lm {
+namespace {
+
+// After the first steps (past step 1's warm-up) the log says once how long the run will take: the
+// steps left, at the mean step time measured, near the time the remaining steps really took. A
+// run too short to measure says nothing.
+TEST_F(TelemetryE2E, EstimatedTimeToMaxStepsAfterTheFirstSteps) {
+  TempDir run, short_run;
+  auto r = train(run.path(), {"train.max_steps=16", "log.every_steps=4", "eval.batches=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string key = "estimated time to train.max_steps=16 on this machine: ";
+  const size_t at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(key, at + 1), std::string::npos) << "once";
+  long long left = 0, first = 0, last = 0, warm = 0;
+  double ms = 0;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  const size_t paren = line.find('(');
+  ASSERT_NE(paren, std::string::npos) << line;
+  ASSERT_EQ(std::sscanf(line.c_str() + paren, "(%lld steps left at %lf ms/step, the mean of steps %lld-%lld, after step %lld's",
+                        &left, &ms, &first, &last, &warm), 5)
+      << line;
+  EXPECT_EQ(first, 2) << line;
+  EXPECT_EQ(last, 6) << line;
+  EXPECT_EQ(warm, 1) << line;
+  EXPECT_EQ(left, 10) << line;
+  EXPECT_GT(ms, 0.0) << line;
+  // The steps' own mean step time (metrics.jsonl windows after the first) against the estimate's:
+  // the same order of magnitude on a shared host.
+  double sum_ms = 0;
+  int n = 0;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    auto j = json::parse(l);
+    if (j.value("kind", "") == "train" && j.value("step", 0) > 4) sum_ms += j["step_ms"].get<double>(), ++n;
+  }
+  ASSERT_GT(n, 0);
+  EXPECT_LT(ms, 5 * sum_ms / n) << line;
+  EXPECT_GT(ms, sum_ms / n / 5) << line;
+  auto s = train(short_run.path(), {"train.max_steps=3", "eval.batches=0"});
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_EQ(s.out.find("estimated time to"), std::string::npos) << s.out;
 }
 
 }  // namespace

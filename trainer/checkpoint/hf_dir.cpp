@@ -78,10 +78,15 @@ void init_from_hf(LMImpl& m, const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(config + ": not valid JSON (" + std::string(e.what()) + ")");
   }
+  if (!j.is_object()) throw CheckpointError(config + ": not a JSON object (model.init_from)");
   const std::string want = hf_model_type(m.cfg.arch);
   if (j.value("model_type", std::string()) != want)
     throw CheckpointError(config + ": model_type '" + j.value("model_type", std::string()) + "', model.arch=" +
                           m.cfg.arch + " needs '" + want + "'");
+  // Fields that change the math but not the tensors' shapes (heads, eps, RoPE, activation...):
+  // compared before the tensors, so the field is named rather than a shape it implies.
+  const std::string differs = hf_config_mismatch(m.cfg, m.vocab, j);
+  if (!differs.empty()) throw CheckpointError(config + " (model.init_from): " + differs);
   auto tensors = load_safetensors(weights);
   check_tensors(weights, to_hf(m.cfg, module_tensors(m)), tensors);
   load_into_module(m, from_hf(m.cfg, tensors), weights);

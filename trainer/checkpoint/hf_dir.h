@@ -17,8 +17,11 @@ namespace lm {
 void export_hf(const std::string& run, const std::string& weights, const std::string& out_dir);
 
 // Loads DIR's weights into m (nothing when dir is empty). Refuses (CheckpointError naming the file)
-// a config.json of another model_type, and a model.safetensors whose tensors are missing, extra,
-// or of another shape than m's (naming the first such HF tensor and both shapes).
+// a config.json of another model_type or whose fields describe another computation than m's
+// (models/hf.h hf_config_mismatch: heads, kv heads, head_dim, eps, RoPE theta and scaling,
+// activation, biases, tied head, vocabulary..., naming the field and both values), and a
+// model.safetensors whose tensors are missing, extra, or of another shape than m's (naming the
+// first such HF tensor and both shapes).
 void init_from_hf(LMImpl& m, const std::string& dir);
 
 }  // namespace lm

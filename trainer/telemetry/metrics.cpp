@@ -48,18 +48,18 @@ uint64_t file_size_or_zero(const std::string& path) {
   return ec ? 0 : static_cast<uint64_t>(n);
 }
 
-std::string eta_text(double s) {
-  if (!(s >= 0) || s > 1e8) return "?";
-  const auto t = static_cast<long long>(s);
-  return t >= 3600 ? strf("%lldh%02lldm", t / 3600, t % 3600 / 60) : strf("%lldm%02llds", t / 60, t % 60);
-}
-
 // Numeric fields worth a TensorBoard scalar, per record kind.
 const char* const kTrainScalars[] = {records::kLoss, records::kLr, records::kGradNorm, records::kTokensPerS, records::kTokensPerSRank, records::kStepMs,
                                      records::kDataWaitPct, records::kMfuPct, records::kMemMb, records::kPaddingPct,
                                      records::kCpuStealPct};
 
 }  // namespace
+
+std::string duration_text(double s) {
+  if (!(s >= 0) || s > 1e8) return "?";
+  const auto t = static_cast<long long>(s + 0.5);
+  return t >= 3600 ? strf("%lldh%02lldm", t / 3600, t % 3600 / 60) : strf("%lldm%02llds", t / 60, t % 60);
+}
 
 MetricsSink::MetricsSink(const Options& opt) : opt_(opt) {
   const std::string path = run_dir::metrics(opt.run_dir);
@@ -259,7 +259,7 @@ void MetricsSink::console_line(const nlohmann::json& rec) {
     const double eta = (opt_.total_steps - step) * num(records::kStepMs) / 1e3;
     std::fprintf(stderr, "[%s%s] %3.0f%% step %lld/%lld | ETA %s", std::string(full, '#').c_str(),
                  std::string(width - full, '.').c_str(), 100 * frac, (long long)step, (long long)opt_.total_steps,
-                 eta_text(eta).c_str());
+                 duration_text(eta).c_str());
     std::fflush(stderr);
   }
 }

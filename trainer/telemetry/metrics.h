@@ -25,6 +25,9 @@ namespace lm {
 
 class TensorBoardWriter;
 
+// Seconds as "1h02m" or "3m07s" ("?" when negative, NaN or absurd).
+std::string duration_text(double s);
+
 class MetricsSink {
  public:
   struct Options {

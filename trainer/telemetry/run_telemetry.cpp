@@ -1,6 +1,7 @@
 // The run's records (see run_telemetry.h).
 #include "trainer/telemetry/run_telemetry.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/checksum.h"
@@ -20,6 +21,7 @@ RunTelemetry::RunTelemetry(const ExperimentConfig& cfg, int rank, int world, con
 
 void RunTelemetry::start(const std::string& command, RunFacts facts, ResumeFacts resume) {
   resume_ = std::move(resume);
+  start_step_ = std::max<int64_t>(0, resume_.step);
   peak_ = mfu_peak(cfg_.log.peak_tflops, facts.gpu.model, cfg_.train.dtype, device_);
   log::info(peak_.flops <= 0 ? "MFU unknown: no peak for " + facts.gpu.model + " (set log.peak_tflops)"
                              : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
@@ -42,6 +44,9 @@ void RunTelemetry::start(const std::string& command, RunFacts facts, ResumeFacts
 
 void RunTelemetry::add_step(const TrainLog::Step& s) {
   log_.add(s);
+  ++steps_seen_;
+  if (s.timed) ++eta_steps_, eta_s_ += s.seconds;
+  if (rank_ == 0 && !eta_logged_) log_eta();
   window_nonfinite_ |= !std::isfinite(s.loss);
   if (resume_.step < 0) return;
   if (sink_)
@@ -53,6 +58,7 @@ void RunTelemetry::add_step(const TrainLog::Step& s) {
 
 // A window with a non-finite step logs loss NaN (null in the file; TrainLog counts it as 0).
 void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens) {
+  if (rank_ == 0 && peak_.measured) refresh_peak(f.step);  // between steps: neither a step's time nor telemetry's
   const auto t0 = clock::Steady::now();  // building the record counts as telemetry (record_ms_)
   const auto w = log_.close();
   const double loss = window_nonfinite_ ? std::nan("") : w.loss;
@@ -72,6 +78,28 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   source_tokens.close(rec);
   record_ms_ += 1e3 * clock::seconds_since(t0);
   sink_->write(std::move(rec));
+}
+
+void RunTelemetry::log_eta() {
+  const int64_t step = start_step_ + steps_seen_, left = cfg_.train.max_steps - step;
+  if (left <= 0) eta_logged_ = true;
+  if (eta_logged_ || eta_steps_ < 2 || (eta_steps_ < kEtaSteps && eta_s_ < 30)) return;
+  eta_logged_ = true;
+  const double per_step = eta_s_ / static_cast<double>(eta_steps_), eta = per_step * static_cast<double>(left);
+  log::info(strf("estimated time to train.max_steps=%lld on this machine: %s (%lld steps left at %.1f ms/step, the "
+                 "mean of steps %lld-%lld, after step %lld's warm-up; validation and checkpoint saves come on top)",
+                 (long long)cfg_.train.max_steps, duration_text(eta).c_str(), (long long)left, 1e3 * per_step,
+                 (long long)(step - eta_steps_ + 1), (long long)step, (long long)(step - eta_steps_)));
+}
+
+void RunTelemetry::refresh_peak(int64_t step) {
+  const auto last = peak_.measured_at;
+  const double before = peak_.flops;
+  if (peak_.refresh(peak_every_s_))
+    log::info(strf("MFU peak raised at step %lld: SGEMM measured again between steps, %.4g TFLOP/s (was %.4g); MFU "
+                   "from here against %.4g TFLOP/s, the best measured in this process",
+                   (long long)step, peak_.flops / 1e12, before / 1e12, peak_.flops / 1e12));
+  if (peak_.measured_at != last) peak_every_s_ = std::min(2 * peak_every_s_, 600.0);
 }
 
 std::string RunTelemetry::check_step(const StepFacts& s, const std::vector<data::Batch>& batches,

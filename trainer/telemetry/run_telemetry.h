@@ -112,6 +112,18 @@ class RunTelemetry {
   AnomalyDetector detector_;
   ResumeFacts resume_;  // until its record is written
   MfuPeak peak_;
+  // A measured (CPU) peak is measured again between steps at a train record this often (30 s,
+  // doubling to 10 min: at most ~0.2 s each), the best kept: a start-up measurement on a busy host
+  // would otherwise inflate every MFU of the run.
+  double peak_every_s_ = 30;
+  void refresh_peak(int64_t step);
+  // The estimated time to train.max_steps, logged once (rank 0) after kEtaSteps steps past the
+  // process's first (its warm-up), or 2 when they took 30 s.
+  static constexpr int64_t kEtaSteps = 5;
+  int64_t start_step_ = 0, steps_seen_ = 0, eta_steps_ = 0;
+  double eta_s_ = 0;
+  bool eta_logged_ = false;
+  void log_eta();
   clock::StealMeter steal_;  // cpu_steal_pct of the train records (rank 0)
   std::unique_ptr<MetricsSink> sink_;  // rank 0
   std::unique_ptr<RunRecord> record_;  // rank 0
