@@ -1,7 +1,8 @@
 // Data mixtures in the loader (data/loader/mix.h): exact resume at every batch boundary of a
 // 3-source mixture (packed and bucketed, 1 and 3 workers, 2 ranks), a weight edit at a resume
-// audited sample by sample against each source's own stream, token shares within one sequence of
-// the weights, stages, a tiny source that wraps and is capped, and the refused inputs and changes.
+// audited against the documents read (from the batches' tokens) and each source's own stream, token
+// shares within one sequence of the weights, stages by step and by tokens, a tiny source that wraps
+// and is capped, the refused inputs and changes, and an appended source's exact share.
 #include <gtest/gtest.h>
 
 #include <algorithm>
