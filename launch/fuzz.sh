@@ -20,9 +20,14 @@ ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_text fuzz_s
 [ -n "${FUZZ_BASE_ONLY:-}" ] && ALL=(fuzz_config fuzz_sweep fuzz_manifest fuzz_shard fuzz_jsonl fuzz_text)
 NAMES=("$@")
 [ ${#NAMES[@]} -eq 0 ] && NAMES=("${ALL[@]}")
+launcher=()  # ccache as in launch/build.sh: a clean clone rebuilds the fuzzers from the cache
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime CCACHE_BASEDIR=$PWD
+fi
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DLM_FUZZ=ON -DLM_BUILD_TESTS=OFF
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DLM_FUZZ=ON -DLM_BUILD_TESTS=OFF "${launcher[@]}"
 fi
 nice ninja -C "$BUILD_DIR" ${NINJA_JOBS:+-j "$NINJA_JOBS"} "${NAMES[@]}"
 

@@ -5,8 +5,9 @@
 #                                      data_tests: shards, loader, prep; config_tests;
 #                                      tensorboard_tests; report_tests) and the tools they run (prep,
 #                                      report). CI runs it.
-#   bash launch/sanitize.sh thread     TSan -> build-tsan/: the threads (loader workers, metrics sink,
-#                                      async checkpoint writer, launcher) through their suites.
+#   bash launch/sanitize.sh thread     TSan -> build-tsan/: the threads (loader workers, text source,
+#                                      mixture, remote store, metrics sink, async checkpoint writer,
+#                                      launcher) through their suites.
 #
 # Extra arguments go to ctest (e.g. -R Loader). LibTorch, OpenBLAS, yaml-cpp and the other Debian
 # libraries are not instrumented: tests/sanitizers/*.supp hold the suppressions that this needs,
@@ -23,8 +24,9 @@ case "$MODE" in
     ;;
   thread)
     BUILD_DIR=build-tsan SAN=thread
-    # TSAN_TARGETS="data_tests": the loader workers alone (torch-free, a short build)
-    read -r -a TARGETS <<< "${TSAN_TARGETS:-common_tests data_tests config_tests models_tests trainer_tests launch_tests}"
+    # TSAN_TARGETS="data_tests remote_tests": the loader, text source, mixture and remote store alone
+    # (torch-free, a short build). remote_tests exists where libcurl does (LM_REMOTE, the default).
+    read -r -a TARGETS <<< "${TSAN_TARGETS:-common_tests data_tests remote_tests config_tests models_tests trainer_tests launch_tests}"
     ;;
   *) echo "usage: launch/sanitize.sh [address|thread] [ctest args...]" >&2; exit 2 ;;
 esac
@@ -43,9 +45,11 @@ cd "$BUILD_DIR"
 if [ "$MODE" = address ]; then
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" -E '_NOT_BUILT|^layering$|^fault_matrix$' "$@"
 else
-  # Only the tests that start threads: loader workers, metrics sink, async checkpoint, launcher.
+  # Only the tests that start threads: loader workers (Loader, Workers), the text source's chunk
+  # builder (TextSource), the mixture (MixTest), the remote store's read-ahead and cache (RemoteTest,
+  # CacheDirTest), metrics sink, async checkpoint, launcher.
   # Resume.CheckpointOfAnotherArchitecture runs `generate`, whose tokenizer plugin needs
   # RTLD_DEEPBIND, which sanitizer runtimes refuse (and it starts no thread of ours).
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" -E '_NOT_BUILT|^layering$|^fault_matrix$|CheckpointOfAnotherArchitecture' \
-        -R "${TSAN_TESTS:-Loader|Workers|Metrics|Telemetry|Async|Checkpoint|Launch}" "$@"
+        -R "${TSAN_TESTS:-Loader|Workers|TextSource|MixTest|RemoteTest|CacheDirTest|Metrics|Telemetry|Async|Checkpoint|Launch}" "$@"
 fi

@@ -111,6 +111,7 @@ bool wait_until(const Proc& p, const std::function<bool()>& done, double timeout
 
 int64_t last_train_step(const std::string& metrics_path) {
   int64_t last = 0;
+  if (!std::filesystem::exists(metrics_path)) return 0;  // polled before the run wrote it
   for (auto& line : metrics_of_kind(metrics_path, "train")) {
     auto p = line.find("\"step\":");
     if (p != std::string::npos) last = std::max<int64_t>(last, std::atoll(line.c_str() + p + 7));
@@ -125,6 +126,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
+  // A missing file is an error, not "": two missing files would otherwise compare equal.
+  if (!in) throw std::runtime_error("read_text: cannot open " + path);
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -160,6 +163,7 @@ const std::string& shared_bytes_dataset() {
 std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind) {
   std::vector<std::string> out;
   std::ifstream in(path);
+  if (!in) throw std::runtime_error("metrics_of_kind: cannot open " + path);
   const std::string needle = "\"kind\":\"" + kind + "\"";
   for (std::string line; std::getline(in, line);)
     if (line.find(needle) != std::string::npos) out.push_back(line);

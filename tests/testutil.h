@@ -74,6 +74,8 @@ bool wait_until(const Proc& p, const std::function<bool()>& done, double timeout
 int64_t last_train_step(const std::string& metrics_path);
 std::string source_path(const std::string& rel);
 void write_text(const std::string& path, const std::string& text);
+// The whole file; throws std::runtime_error naming it when it cannot be opened (a missing file is
+// never read as "", so two missing files never compare equal).
 std::string read_text(const std::string& path);
 // A free TCP port on 127.0.0.1 (bound and released).
 int free_port();
@@ -81,7 +83,7 @@ int free_port();
 std::string make_bytes_dataset(const std::string& dir, int lines = 3000);
 // A bytes dataset of synthetic_corpus(3000) made once per test process (removed at exit).
 const std::string& shared_bytes_dataset();
-// metrics.jsonl records of one kind ("train", "val", ...).
+// metrics.jsonl records of one kind ("train", "val", ...); throws naming the file when it is missing.
 std::vector<std::string> metrics_of_kind(const std::string& path, const std::string& kind);
 // The message of the DataError that fn() throws; a test failure when it throws none.
 template <class Fn>

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -169,6 +170,24 @@ TEST(Files, WritePlanDirectIoAndItsFallbacksWriteTheSameBytes) {
   test::TempDir dir;
   ASSERT_EQ(files::try_write_plan(dir.path(), {"s.json", "{}", {}}, nullptr), "");
   EXPECT_EQ(fs.count("set_direct"), 0u);
+}
+
+// The tests' own reader (tests/testutil.h): a missing file is an error naming it, never "", so that
+// two missing files never compare equal (and a missing metrics.jsonl is never "no records").
+TEST(TestUtil, ReadingAMissingFileThrowsNamingIt) {
+  test::TempDir dir;
+  for (auto read : {+[](const std::string& p) { test::read_text(p); },
+                    +[](const std::string& p) { test::metrics_of_kind(p, "train"); }}) {
+    try {
+      read(dir / "missing.jsonl");
+      ADD_FAILURE() << "no error for a missing file";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(dir / "missing.jsonl"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(test::last_train_step(dir / "missing.jsonl"), 0) << "polled before a run writes it";
+  test::write_text(dir / "empty", "");
+  EXPECT_EQ(test::read_text(dir / "empty"), "");
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // Data mixtures in the loader (data/loader/mix.h): exact resume at every batch boundary of a
 // 3-source mixture (packed and bucketed, 1 and 3 workers, 2 ranks), a weight edit at a resume
-// audited sample by sample against each source's own stream, token shares within one sequence of
-// the weights, stages, a tiny source that wraps and is capped, and the refused inputs and changes.
+// audited against the documents read (from the batches' tokens) and each source's own stream, token
+// shares within one sequence of the weights, stages by step and by tokens, a tiny source that wraps
+// and is capped, the refused inputs and changes, and an appended source's exact share.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "common/checksum.h"
 #include "common/errors.h"
@@ -32,17 +34,23 @@ SourceConfig source(const std::string& name, const std::string& path, double wei
   return c;
 }
 
+// The first token id of a source made with `seed`: sources of one test own disjoint id ranges, so a
+// token names its source (ids < 99998, the EOS and pad ids).
+uint32_t first_id(unsigned seed) { return 1 + 12000 * (seed % 8); }
+
 // A prepared source under DIR/NAME: `shards` train shards of random documents of 1..3*kT tokens
-// (every token id unique within the source) and a val shard. `tok` names the tokenizer (its hash).
+// (token ids consecutive from first_id(seed), so every id is unique within the source and names it)
+// and a val shard. `tok` names the tokenizer (its hash). `train_docs`: the train documents' lengths,
+// in shard order.
 Manifest make_source(const std::string& root, const std::string& name, std::vector<int> docs_per_shard, unsigned seed,
-                     const std::string& tok = "bytes") {
+                     const std::string& tok = "bytes", std::vector<uint32_t>* train_docs = nullptr) {
   const std::string dir = root + "/" + name;
   files::make_dirs(dir);
   Manifest m;
   m.dtype = "uint32";
   m.tokenizer = {"sentencepiece", 100000, 99998, 99999, "", hex64(xxh64(tok.data(), tok.size()))};
   std::mt19937 g(seed);
-  uint32_t next = 1;
+  uint32_t next = first_id(seed);
   docs_per_shard.push_back(1);  // val
   for (size_t i = 0; i < docs_per_shard.size(); ++i) {
     const bool val = i + 1 == docs_per_shard.size();
@@ -51,6 +59,7 @@ Manifest make_source(const std::string& root, const std::string& name, std::vect
     for (int d = 0; d < docs_per_shard[i]; ++d) {
       std::vector<uint32_t> doc(1 + g() % (3 * kT));
       for (auto& t : doc) t = next++;
+      if (!val && train_docs) train_docs->push_back(static_cast<uint32_t>(doc.size()));
       w.add_document(doc.data(), doc.size());
       s.tokens += doc.size(), ++s.docs;
     }
@@ -66,12 +75,15 @@ struct Mix {
   TempDir tmp;
   DataConfig cfg;
   std::vector<Manifest> manifests;
+  std::vector<std::vector<uint32_t>> docs{3};  // per source: its train documents' lengths
+  std::vector<unsigned> seeds{1, 2, 3};
   Mix(const std::string& mode, int64_t workers) {
     cfg.mode = mode;
     cfg.workers = workers;
     cfg.shuffle_buffer = 16;
-    manifests = {make_source(tmp.path(), "web", {30, 20}, 1), make_source(tmp.path(), "code", {25}, 2),
-                 make_source(tmp.path(), "tiny", {4}, 3)};
+    manifests = {make_source(tmp.path(), "web", {30, 20}, 1, "bytes", &docs[0]),
+                 make_source(tmp.path(), "code", {25}, 2, "bytes", &docs[1]),
+                 make_source(tmp.path(), "tiny", {4}, 3, "bytes", &docs[2])};
     cfg.sources = {source("web", manifests[0].dir, 5), source("code", manifests[1].dir, 3), source("tiny", manifests[2].dir, 2)};
   }
 };
@@ -164,6 +176,70 @@ void audit_against_own_stream(const Mix& mix, size_t s, const std::vector<Sample
                             << " samples are not its stream's first ones (a repeat or a skip)";
 }
 
+// The documents actually read, audited from the batches' tokens alone (not the planner's origins,
+// not its stream): a token id names its source and a train document is known by its first token.
+// Per source, E = the epochs its reading started, from the documents alone: packed, an epoch is
+// floor((L-1)/T)*T target tokens (L = the tokens plus one EOS per document); bucketed, one sample
+// per document. No document may be read more than E times (a repeat within an epoch) or fewer than
+// E-1 times (a skip), except, packed, the tail of fewer than T tokens that each epoch leaves unread
+// (loader.h): at most T/2 documents per epoch.
+void audit_against_documents(const Mix& mix, const std::vector<Global>& run, const std::string& what) {
+  const bool packed = mix.cfg.mode == "packed";
+  const size_t S = mix.docs.size();
+  std::vector<std::map<int64_t, size_t>> first(S);  // per source: first token id -> document
+  std::vector<int64_t> lo(S), hi(S), L(S, 0);
+  for (size_t s = 0; s < S; ++s) {
+    int64_t id = lo[s] = first_id(mix.seeds[s]);
+    for (size_t d = 0; d < mix.docs[s].size(); ++d) first[s][id] = d, id += mix.docs[s][d], L[s] += mix.docs[s][d] + 1;
+    hi[s] = id;
+  }
+  auto source_of = [&](int64_t id) {
+    for (size_t s = 0; s < S; ++s)
+      if (id >= lo[s] && id < hi[s]) return s;
+    return S;
+  };
+  std::vector<std::vector<int64_t>> reads(S);
+  std::vector<int64_t> targets(S, 0), rows(S, 0);
+  for (size_t s = 0; s < S; ++s) reads[s].assign(mix.docs[s].size(), 0);
+  for (const Global& g : run)
+    for (const Batch& b : g)
+      for (int64_t r = 0; r < b.rows; ++r) {
+        size_t src = S;
+        for (int64_t t = 0; t < b.cols; ++t) {
+          const int64_t id = b.inputs[r * b.cols + t];
+          const size_t s = source_of(id);
+          if (s == S) continue;  // EOS, padding
+          if (src == S) src = s;
+          ASSERT_EQ(s, src) << what << ": a row holds tokens of two sources";
+          auto it = first[s].find(id);
+          if (it != first[s].end()) ++reads[s][it->second];
+        }
+        ASSERT_NE(src, S) << what << ": a row without a document token";
+        ++rows[src];
+        for (int64_t t = 0; t < b.cols; ++t) targets[src] += b.targets[r * b.cols + t] != -1;
+      }
+  for (size_t s = 0; s < S; ++s) {
+    const std::string name = mix.cfg.sources[s].name;
+    const int64_t per_epoch = packed ? (L[s] - 1) / kT * kT : static_cast<int64_t>(mix.docs[s].size());
+    const int64_t used = packed ? targets[s] : rows[s];
+    const int64_t E = (used + per_epoch - 1) / per_epoch;
+    int64_t skipped = 0, total = 0;
+    for (size_t d = 0; d < reads[s].size(); ++d) {
+      EXPECT_LE(reads[s][d], E) << what << ": source '" << name << "' document " << d << " read " << reads[s][d]
+                                << " times in " << E << " epochs (a repeat within an epoch)";
+      skipped += reads[s][d] < E - 1;
+      total += reads[s][d];
+    }
+    if (packed) {
+      EXPECT_LE(skipped, E * kT / 2) << what << ": source '" << name << "': " << skipped << " documents skipped";
+    } else {
+      EXPECT_EQ(skipped, 0) << what << ": source '" << name << "': " << skipped << " documents skipped";
+      EXPECT_EQ(total, rows[s]) << what << ": source '" << name << "': one document per bucketed row";
+    }
+    EXPECT_GT(total, 0) << what << ": source '" << name << "' was read";
+  }
+}
+
 // Per batch: tokens per source from the rows equal Batch::source_tokens; each source's share of the
 // segment's tokens stays within one sequence of its weight.
 void check_shares(const std::vector<Global>& run, const std::vector<double>& w, size_t from, size_t to, const std::string& what) {
@@ -202,6 +278,7 @@ TEST(MixTest, WeightEditAtResumeNeitherRepeatsNorSkips) {
       EXPECT_EQ(tokens, g[0].source_tokens) << mode << ": source_tokens counts the rows of every rank";
     }
     for (size_t s = 0; s < 3; ++s) audit_against_own_stream(mix, s, per[s]);
+    audit_against_documents(mix, run, mode + ", weights edited at batch 30");
     // The tiny source (4 docs) wrapped several times at weight 1/8.
     EXPECT_GT(per[2].size(), 4 * 2u) << mode;
   }
@@ -230,6 +307,7 @@ TEST(MixTest, TokenBudgetBatchesFitResumeAndKeepTheShares) {
   EXPECT_TRUE(several) << "the budget holds several rows";
   check_shares(run, {0.5, 0.3, 0.2}, 0, run.size(), "token budget");
   for (size_t s = 0; s < 3; ++s) audit_against_own_stream(mix, s, per[s]);
+  audit_against_documents(mix, run, "token budget");
   for (size_t k = 0; k < run.size(); k += 3) {
     Ranks resumed(mix.cfg, mix.manifests, 1, W, states[k]);
     for (size_t i = k; i < std::min(run.size(), k + 3); ++i) expect_same(resumed.next(), run[i], "budget, resumed at " + std::to_string(k));
@@ -244,6 +322,27 @@ TEST(MixTest, StagesSwitchAtTheirStep) {
     const auto st = l.next()[0].source_tokens;
     if (k < 10) EXPECT_TRUE(st[1] == 0 && st[2] == 0) << "batch " << k;
     else EXPECT_EQ(st[0], 0) << "batch " << k;
+  }
+}
+
+// A stage that ends by tokens: it runs while the tokens before the batch are under until_tokens
+// (2 rows x kT = 16 target tokens per packed batch: 48 tokens end it after batch 2, the third).
+TEST(MixTest, StagesSwitchAtTheirTokens) {
+  Mix mix("packed", 2);
+  mix.cfg.stages = {{0, 48, {{"web", 1}}}, {0, 0, {{"code", 1}, {"tiny", 1}}}};
+  Ranks l(mix.cfg, mix.manifests, 2, 1);
+  int64_t tokens = 0;
+  for (int k = 0; k < 8; ++k) {
+    const auto st = l.next()[0].source_tokens;
+    if (tokens < 48) {
+      EXPECT_EQ(st[0], 2 * kT) << "batch " << k << " (" << tokens << " tokens before it): stage 1, web alone";
+    } else {
+      EXPECT_EQ(st[0], 0) << "batch " << k << ": stage 2";
+      EXPECT_EQ(st[1], kT) << "batch " << k << ": stage 2, code and tiny half and half";
+      EXPECT_EQ(st[2], kT) << "batch " << k;
+    }
+    tokens += st[0] + st[1] + st[2];
+    EXPECT_EQ(tokens, (k + 1) * 2 * kT);
   }
 }
 
@@ -320,14 +419,45 @@ TEST(MixTest, RefusedInputsAndChanges) {
   c.sources[1].path = changed.dir;
   e = data_error([&] { Ranks r(c, {mix.manifests[0], changed, mix.manifests[2]}, 2, 1, state); });
   EXPECT_NE(e.find("source 'code' changed: data version"), std::string::npos) << e;
-  // Appending a source is allowed: it starts at its beginning.
+  // Appending a source is allowed: it starts at its beginning, and the changed mixture starts a
+  // segment at the resumed batch. Its exact count, by the README's rule replayed here: each packed
+  // sample (kT target tokens) comes from the source furthest behind its share, w * (segment tokens
+  // + kT) - its tokens, the first on a tie.
   c = mix.cfg;
   Manifest extra = make_source(mix.tmp.path(), "extra", {6}, 5);
   c.sources.push_back(source("extra", extra.dir, 2));
   Ranks appended(c, {mix.manifests[0], mix.manifests[1], mix.manifests[2], extra}, 2, 1, state);
-  int64_t extra_tokens = 0;
-  for (int k = 0; k < 10; ++k) extra_tokens += appended.next()[0].source_tokens[3];
-  EXPECT_GT(extra_tokens, 0);
+  const std::vector<double> w = {5 / 12.0, 3 / 12.0, 2 / 12.0, 2 / 12.0};
+  std::vector<int64_t> want(4, 0);
+  int64_t seg = 0;
+  std::vector<int64_t> got(4, 0);
+  std::set<int64_t> extra_ids;
+  int64_t extra_rows = 0, extra_positions = 0;
+  for (int k = 0; k < 10; ++k) {
+    const Global g = appended.next();
+    for (size_t s = 0; s < 4; ++s) got[s] += g[0].source_tokens[s];
+    for (int64_t row = 0; row < 2; ++row) {
+      size_t best = 0;
+      for (size_t s = 1; s < 4; ++s)
+        if (w[s] * static_cast<double>(seg + kT) - static_cast<double>(want[s]) >
+            w[best] * static_cast<double>(seg + kT) - static_cast<double>(want[best]))
+          best = s;
+      want[best] += kT, seg += kT;
+    }
+    for (int64_t row = 0; row < g[0].rows; ++row) {  // the rows that hold the appended source's tokens
+      bool mine = false;
+      for (int64_t t = 0; t < g[0].cols; ++t) {
+        const int64_t id = g[0].inputs[row * g[0].cols + t];
+        if (id >= first_id(5) && id < first_id(5) + static_cast<int64_t>(extra.shards[0].tokens))
+          mine = true, ++extra_positions, extra_ids.insert(id);
+      }
+      extra_rows += mine;
+    }
+  }
+  EXPECT_EQ(got, want) << "tokens per source in the 10 batches after the resume";
+  EXPECT_EQ(got[3], 3 * kT) << "the appended source's exact share of 160 tokens at weight 2/12";
+  EXPECT_EQ(extra_rows * kT, got[3]) << "its rows in the batches hold the tokens counted";
+  EXPECT_EQ(static_cast<int64_t>(extra_ids.size()), extra_positions) << "each of its tokens read once";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -248,8 +249,25 @@ TEST_F(Sweep, ParallelSweepRunsSplitsCoresAndWritesSummaries) {
     EXPECT_EQ(col(csv, i, "status"), "done");
     EXPECT_EQ(col(csv, i, "exit_code"), "0");
     EXPECT_EQ(col(csv, i, "steps"), "8");
-    EXPECT_GT(std::stod(col(csv, i, "final_train_loss")), 0);
-    EXPECT_GT(std::stod(col(csv, i, "mean_tokens_per_s")), 0);
+    // The row's numbers are its run's records (metrics.jsonl): the last train record's loss, the
+    // lowest val_loss, the mean tokens/s of the train records after the first (summary.md's rule).
+    const std::string run = col(csv, i, "run_dir");
+    double last_loss = NAN, best_val = NAN, tps_sum = 0;
+    int tps_n = -1;  // the first window is left out
+    for (auto& l : lines_of(read_text(run + "/metrics.jsonl"))) {
+      const auto j = nlohmann::json::parse(l);
+      if (j["kind"] == "train") {
+        last_loss = j["loss"].get<double>();
+        if (++tps_n > 0) tps_sum += j["tokens_per_s"].get<double>();
+      } else if (j["kind"] == "val" && !(j["val_loss"].get<double>() >= best_val)) {
+        best_val = j["val_loss"].get<double>();
+      }
+    }
+    ASSERT_GT(tps_n, 0) << "train records after the first";
+    EXPECT_NEAR(std::stod(col(csv, i, "final_train_loss")), last_loss, 1e-5 * last_loss) << run;
+    EXPECT_NEAR(std::stod(col(csv, i, "best_val_loss")), best_val, 1e-5 * best_val) << run;
+    EXPECT_NEAR(std::stod(col(csv, i, "mean_tokens_per_s")), tps_sum / tps_n, 0.05 + 1e-6 * tps_sum / tps_n) << run;
+    EXPECT_EQ(col(csv, i, "steps"), std::to_string(read_json(run + "/summary.json")["steps"].get<int64_t>()));
   }
   const std::string md = read_text(dir() + "/summary.md");
   EXPECT_NE(md.find("| lr=1e-2 | 1e-2 | done | 8/8 |"), std::string::npos) << md;

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -152,7 +154,9 @@ int find_worker(const std::string& run_id, int rank) {
   for (auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = e.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string env = test::read_text("/proc/" + pid + "/environ");
+    // Not test::read_text: a process may exit meanwhile, or hide its environment; both are "not it".
+    std::ifstream in("/proc/" + pid + "/environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::replace(env.begin(), env.end(), '\0', '\n');
     env = "\n" + env;
     if (env.find("\nTORCHELASTIC_RUN_ID=" + run_id + "\n") != std::string::npos &&

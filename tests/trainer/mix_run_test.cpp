@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 
 #include "common/checksum.h"
 #include "common/files.h"
@@ -117,6 +118,46 @@ TEST(MixRunTest, RecordsResumesEditedAndRefusesRemovedSource) {
   EXPECT_EQ(j["batch"]["ranks"].size(), 2u);
   EXPECT_EQ(j["batch"]["ranks"][0]["rows"].size(), 4u);
   EXPECT_EQ(j["batch"]["ranks"][1]["rows"][0]["source"], "a");
+}
+
+// train records' source_tokens by step (log.every_steps=1).
+std::map<int64_t, std::pair<int64_t, int64_t>> tokens_by_step(const std::string& run) {
+  std::map<int64_t, std::pair<int64_t, int64_t>> m;
+  for (auto& l : test::metrics_of_kind(run + "/metrics.jsonl", "train")) {
+    auto j = nlohmann::json::parse(l);
+    m[j["step"].get<int64_t>()] = {j["source_tokens"]["a"].get<int64_t>(), j["source_tokens"]["b"].get<int64_t>()};
+  }
+  return m;
+}
+
+// A stage that ends by until_tokens switches at the batch whose tokens before it reach the count
+// (128 target tokens per step: until_tokens 384 = steps 1-3); stages edited at a resume apply from the
+// resumed batch (README "What may change at a resume"): the edited first stage, until step 8, reads
+// b alone at steps 7-8, the edited last stage a alone from step 9.
+TEST(MixRunTest, StageEndsByTokensAndEditedStagesApplyFromTheResumedBatch) {
+  TempDir tmp;
+  const std::string data = test::shared_bytes_dataset(), run = tmp / "run";
+  const std::string two = "[{name: a, path: " + data + "}, {name: b, path: " + data + "}]";
+  auto r = test::run_bin("trainer", mix_args(run, two, {"data.stages=[{until_tokens: 384, weights: {a: 1}}, {weights: {a: 1, b: 1}}]",
+                                                        "train.max_steps=6", "log.every_steps=1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = tokens_by_step(run);
+  ASSERT_EQ(m.size(), 6u);
+  for (int64_t step = 1; step <= 6; ++step) {
+    const auto want = step <= 3 ? std::make_pair<int64_t, int64_t>(128, 0) : std::make_pair<int64_t, int64_t>(64, 64);
+    EXPECT_EQ(m[step], want) << "step " << step << (step <= 3 ? ": stage 1 (384 tokens), a alone" : ": stage 2");
+  }
+  EXPECT_NE(r.out.find("data: mixture from batch 3 (stage 2)"), std::string::npos) << r.out;
+  r = test::run_bin("trainer", mix_args(run, two, {"data.stages=[{until: 8, weights: {b: 1}}, {weights: {a: 1}}]",
+                                                   "train.max_steps=10", "log.every_steps=1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("the mixture changed at resume"), std::string::npos) << r.out;
+  m = tokens_by_step(run);
+  ASSERT_EQ(m.size(), 10u);
+  for (int64_t step = 7; step <= 10; ++step) {
+    const auto want = step <= 8 ? std::make_pair<int64_t, int64_t>(0, 128) : std::make_pair<int64_t, int64_t>(128, 0);
+    EXPECT_EQ(m[step], want) << "step " << step << (step <= 8 ? ": the edited stage 1, b alone" : ": the edited stage 2, a alone");
+  }
 }
 
 }  // namespace
