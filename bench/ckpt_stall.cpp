@@ -1,23 +1,39 @@
 // ckpt_stall: the real stall of a checkpoint save inside a training loop, not the time of the
 // save() call. A GPT (default GPT-2 124M: parameters + AdamW moments = 1.5 GB of state, + 0.5 GB
 // with --ema) trains on random tokens exactly as trainer/train.cpp steps it (the optimizer and EMA fenced by the checkpointer before
-// the update, step_done after the step). Rounds alternate the save modes in rotating order; each
-// round runs --clean steps with no save, then a save, then steps until the save is over and one
-// more. The stall of a save = its save() call + the extra time of the steps after it over the
-// round's median step without a save.
+// the update, step_done after the step, due() asked after it). Rounds alternate the save modes in
+// rotating order; each round runs --clean steps with no save, then a save, then steps until the
+// save is over and one more. The stall of a save = its save() call + the extra time of the steps
+// after it over the round's median step without a save.
 //
-//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,nowrite] [--ema] [--layers L] [--seq T]
-//              [--no-prepare]
-// Mode nowrite is the async save with its staged images' disk writes discarded (see
-// DiscardDirectWrites): what the save costs training apart from the disk.
+//   ckpt_stall --dir DIR [--rounds N] [--modes sync,thread,paced,nowrite] [--ema] [--layers L]
+//              [--seq T] [--no-prepare] [--interval STEPS] [--pace SHARE]
+// Modes:
+//   sync     the trainer's synchronous save (checkpoint.async: false), the baseline: its files
+//            written through the page cache (writeback started every 32 MB) and fsync'd, then the
+//            manifest and the rename; the whole save() is the stall. (Only the async save's staged
+//            images are aligned for direct I/O: common/files.h, try_write_plan.)
+//   thread   the async save unpaced (checkpoint.write_pace 0): staged copy + writer thread, its
+//            images written with direct I/O as fast as the disk takes them
+//   paced    the same, its writes spread over --pace of the interval (checkpoint.write_pace;
+//            the interval: --interval steps times the mean step time, as the trainer's due())
+//   nowrite  the async save unpaced with its staged images' disk writes discarded (see
+//            DiscardDirectWrites): what the save costs training apart from the disk
 // With OPENBLAS_NUM_THREADS=1 training leaves the writer a CPU of its own, as a GPU host does.
-// prints one JSON line per save and a summary line (medians over rounds):
+// prints one JSON line per save and a summary line (medians over rounds 1.., round 0 left out:
+// it is each Checkpointer's first save, and a paced save's first has no measured write time yet;
+// with --rounds 1, round 0 alone), with the machine (CPU model, CPUs, the hypervisor's steal over
+// the whole run):
 //   <mode>_stall_ms        measured stall (sync: the whole save)
 //   <mode>_reported_ms     what the Checkpointer reported as block_ms (ckpt_block_ms in metrics)
 //   <mode>_peak_extra_mb   peak RSS of this process during the save over the RSS
 //                          before it (the staging buffer is allocated at start, or with
 //                          --no-prepare in the first save, and kept)
-//   <mode>_pct_of_sync     stall as a percentage of the synchronous save's
+//   <mode>_pct_of_sync     stall as a percentage of the synchronous save's (both medians)
+//   <mode>_inflight_s      seconds from save() to the end of the save (paced: about --pace of
+//                          the interval)
+//   <mode>_pace_ms, <mode>_slept_ms  the time the writes were to be spread over (0: unpaced) and
+//                          the time the writer slept to keep that pace
 //   <mode>_first_stall_ms  the stall of the mode's first save (round 0), which the medians leave
 //                          out: without Checkpointer::prepare() (--no-prepare) the first async
 //                          save allocates its staging buffer and takes its page faults
@@ -137,6 +153,11 @@ struct Model {
   lm::StateRegistry registry;
 };
 
+// Every Checkpointer of the run: each step's time goes to each one's due(), whose running mean of
+// the step time (times the interval) is what a paced save spreads its writes over.
+std::vector<lm::Checkpointer*> g_all;
+int64_t g_steps = 0;
+
 // One training step as the trainer takes it; its seconds.
 double step(Model& m, lm::Checkpointer* ck) {
   m.opt->set_fence(ck);  // the checkpointer in use fences the updates, as the trainer's does
@@ -149,6 +170,8 @@ double step(Model& m, lm::Checkpointer* ck) {
   if (m.ema) m.ema->update();
   const double s = ms_since(t0) / 1e3;
   ck->step_done(s);
+  ++g_steps;
+  for (lm::Checkpointer* c : g_all) c->due(g_steps, s);
   return s;
 }
 
@@ -171,7 +194,7 @@ void build(Model& m, int layers, int seq, bool ema) {
 
 // One save and the steps until it is over, then one more.
 struct SaveRun {
-  double call_ms = 0, peak_mb = 0, steal_ms = 0, window_s = 0;  // peak: RSS; steal: whole window
+  double call_ms = 0, peak_mb = 0, steal_ms = 0, window_s = 0, inflight_s = 0;  // peak: RSS; steal: whole window
   std::vector<double> after_s;                                    // the steps' seconds
   lm::SaveReport report;
 };
@@ -187,6 +210,7 @@ SaveRun measure_save(Model& m, lm::Checkpointer* ck, int64_t n, PeakSampler& sam
   for (int extra = 1; extra > 0;) {
     run.after_s.push_back(step(m, ck));
     for (auto& rep : ck->finished()) reps.push_back(rep);
+    if (!reps.empty() && run.inflight_s == 0) run.inflight_s = ms_since(t0) / 1e3;
     if (!reps.empty()) --extra;
   }
   run.peak_mb = sampler.stop();
@@ -202,27 +226,53 @@ std::vector<std::string> parse_modes(const std::string& arg) {
   std::vector<std::string> modes;
   std::stringstream ss(arg);
   for (std::string m; std::getline(ss, m, ',');) {
-    if (m != "sync" && m != "thread" && m != "nowrite") throw lm::UsageError("--modes: unknown mode '" + m + "'");
+    if (m != "sync" && m != "thread" && m != "paced" && m != "nowrite")
+      throw lm::UsageError("--modes: unknown mode '" + m + "' (sync, thread, paced, nowrite)");
     modes.push_back(m);
   }
   return modes;
 }
 
-// The summary line: medians over rounds per mode, and each stall as a percentage of the sync save's.
-void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMode& reported, PerMode& peak,
-                   PerMode& steal, double state_mb, int rounds, double step_ms, double base_mb) {
+// The median of a mode's rounds 1.. (round 0, each Checkpointer's first save, left out), or round
+// 0's value alone when there is no other.
+double median_after_first(const std::vector<double>& v) {
+  return v.size() > 1 ? median(std::vector<double>(v.begin() + 1, v.end())) : median(v);
+}
+
+// The machine the stall was measured on: CPU model (/proc/cpuinfo) and CPUs.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string v = line.substr(line.find(':') + 1);
+      return v.substr(std::min(v.size(), v.find_first_not_of(' ')));
+    }
+  return "unknown";
+}
+
+// The summary line: per mode, medians over rounds 1.., and each stall as a percentage of the sync
+// save's; the machine.
+void print_summary(const std::vector<std::string>& modes, std::map<std::string, PerMode>& per, double state_mb,
+                   int rounds, double step_ms, double base_mb, double run_steal_pct, int interval, double pace) {
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
   nlohmann::json out = {{"state_mb", state_mb}, {"rounds", rounds}, {"step_ms", step_ms},
                         {"blas_threads", blas ? blas : "default"}, {"intra_op_threads", torch::get_num_threads()},
-                        {"rss_mb_before_save", base_mb}};
-  const double sync = stall.count("sync") ? median(stall["sync"]) : 0;
+                        {"rss_mb_before_save", base_mb}, {"interval_steps", interval}, {"pace", pace},
+                        {"medians_over", rounds > 1 ? "rounds 1.. (round 0 left out)" : "round 0 alone"},
+                        {"cpu_model", cpu_model()}, {"cpus", std::thread::hardware_concurrency()},
+                        {"run_steal_pct", run_steal_pct},
+                        {"sync_is", "the trainer's synchronous save (checkpoint.async false): files written through "
+                                    "the page cache and fsync'd; the async modes write staged images with direct I/O"}};
+  const double sync = per["stall"].count("sync") ? median_after_first(per["stall"]["sync"]) : 0;
   for (auto& mode : modes) {
-    out[mode + "_stall_ms"] = median(stall[mode]);
-    out[mode + "_reported_ms"] = median(reported[mode]);
-    out[mode + "_peak_extra_mb"] = median(peak[mode]);
-    out[mode + "_steal_ms"] = median(steal[mode]);
-    out[mode + "_first_stall_ms"] = stall[mode].front();  // the first save of a Checkpointer
-    if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median(stall[mode]) / sync;
+    for (const char* k : {"stall", "reported", "peak_extra", "steal", "inflight", "pace", "slept"}) {
+      const std::string key = std::string(k) == "peak_extra" ? "_peak_extra_mb"
+                              : std::string(k) == "inflight" ? "_inflight_s"
+                                                              : "_" + std::string(k) + "_ms";
+      out[mode + key] = median_after_first(per[k][mode]);
+    }
+    out[mode + "_first_stall_ms"] = per["stall"][mode].front();  // round 0: the first save of a Checkpointer
+    if (sync > 0) out[mode + "_pct_of_sync"] = 100.0 * median_after_first(per["stall"][mode]) / sync;
   }
   std::cout << out.dump() << std::endl;
 }
@@ -232,13 +282,16 @@ void print_summary(const std::vector<std::string>& modes, PerMode& stall, PerMod
 int main(int argc, char** argv) {
   return lm::run_main("ckpt_stall", [&] {
     CLI::App app{"real stall of checkpoint saves in a training loop"};
-    std::string dir, modes_arg = "sync,thread,nowrite";
-    int rounds = 4, clean = 2, layers = 12, seq = 64;
+    std::string dir, modes_arg = "sync,thread,paced,nowrite";
+    int rounds = 4, clean = 2, layers = 12, seq = 64, interval = 40;
+    double pace = 0.5;
     bool ema = false, no_prepare = false;
     app.add_option("--dir", dir, "scratch directory on the disk to measure")->required();
     app.add_option("--rounds", rounds, "rounds (each saves once per mode)");
     app.add_option("--clean", clean, "steps without a save before each save");
-    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, nowrite");
+    app.add_option("--modes", modes_arg, "comma-separated: sync, thread, paced, nowrite");
+    app.add_option("--interval", interval, "checkpoint interval in steps (what mode paced spreads its writes over)");
+    app.add_option("--pace", pace, "mode paced: checkpoint.write_pace, the share of the interval");
     app.add_option("--layers", layers, "GPT-2 layers (d 768)");
     app.add_option("--seq", seq, "tokens per step (batch 1)");
     app.add_flag("--ema", ema, "also keep (and save) an EMA of the weights");
@@ -258,12 +311,16 @@ int main(int argc, char** argv) {
     std::map<std::string, std::unique_ptr<lm::Checkpointer>> cks;
     for (auto& mode : modes) {
       lm::CheckpointConfig cc;
-      cc.async = mode != "sync", cc.keep_last = 1;
+      cc.async = mode != "sync", cc.keep_last = 1, cc.every_steps = interval;
+      cc.write_pace = mode == "paced" ? pace : 0;
       lm::files::remove_all(dir + "/" + mode);
       cks[mode] = std::make_unique<lm::Checkpointer>(cc, dir + "/" + mode, 0, 1);
+      g_all.push_back(cks[mode].get());
     }
     PeakSampler sampler;
-    PerMode stall, reported, peak, steal;
+    std::map<std::string, PerMode> per;  // "stall", "reported", ... -> mode -> per round
+    PerMode &stall = per["stall"], &reported = per["reported"], &peak = per["peak_extra"], &steal = per["steal"];
+    lm::clock::StealMeter run_steal;
     double state_mb = 0, base_mb = 0;
     std::vector<double> all_clean;
     if (!no_prepare)  // as the trainer does at start: the staging buffers, faulted in in the background
@@ -289,6 +346,8 @@ int main(int argc, char** argv) {
         peak[mode].push_back(run.peak_mb - base_mb);
         window_steal[mode] = run.steal_ms, window_s[mode] = run.window_s;
         reported[mode].push_back(run.report.block_ms);
+        per["inflight"][mode].push_back(run.inflight_s);
+        per["pace"][mode].push_back(run.report.pace_ms), per["slept"][mode].push_back(run.report.slept_ms);
         state_mb = run.report.mb;
       }
       const double base_s = median(clean_s);
@@ -301,10 +360,12 @@ int main(int argc, char** argv) {
         std::cout << nlohmann::json{{"round", r}, {"mode", mode}, {"call_ms", call_ms[mode]},
                                     {"after_steps_s", steps}, {"base_step_ms", 1e3 * base_s},
                                     {"stall_ms", stall[mode].back()}, {"reported_ms", reported[mode].back()},
-                                    {"peak_extra_mb", peak[mode].back()}, {"steal_ms", steal[mode].back()}}.dump() << std::endl;
+                                    {"peak_extra_mb", peak[mode].back()}, {"steal_ms", steal[mode].back()},
+                                    {"inflight_s", per["inflight"][mode].back()}, {"pace_ms", per["pace"][mode].back()},
+                                    {"slept_ms", per["slept"][mode].back()}}.dump() << std::endl;
       }
     }
-    print_summary(modes, stall, reported, peak, steal, state_mb, rounds, 1e3 * median(all_clean), base_mb);
+    print_summary(modes, per, state_mb, rounds, 1e3 * median(all_clean), base_mb, run_steal.take_pct(), interval, pace);
     for (auto& mode : modes) lm::files::remove_all(dir + "/" + mode);
     lm::files::set_file_system(nullptr);
     return 0;

@@ -3,10 +3,12 @@
 # tokens/s with 1, 3 and 10 sources (goal: at most 10% slower than data.train), and the loader's
 # start-up time on a dataset of 10,000 shards (goal: under 10 s on 2
 # cores; each shard is opened once for its header and sizes, never scanned: checksums are lazy).
-# Data (synthetic, bytes tokenizer, shards of --tokens/80 tokens everywhere): data.train and the
-# 1-source mixture read one dataset of --tokens; the 3- and 10-source mixtures read the first 3 and
-# all 10 of ten distinct datasets of --tokens/10 each (as a real mixture's sources are distinct:
-# N sources over one directory would open, map and verify the same shards N times).
+# Data (synthetic, bytes tokenizer, shards of --tokens/80 tokens everywhere): every variant reads
+# the same total: data.train and the 1-source mixture one dataset of --tokens; the n-source mixture
+# (n = 3, 10; loader_bench weighs source i by i+1) n distinct datasets (as a real mixture's sources
+# are distinct: n sources over one directory would open, map and verify the same shards n times)
+# of --tokens * (i+1) / (1 + ... + n) each: --tokens in all, each source sized to its share of the
+# reads, so every variant spans the same tokens in about as many shards, at the same pace.
 # Timed window of each run: --batches batches of 16 x 1024 popped from the loader's next() (2
 # worker threads, prefetch 4) after 20 warm-up batches; shard files are in the page cache (read
 # once before). Each round runs every variant once, in an order rotated round by round, and a
@@ -31,14 +33,22 @@ trap 'rm -rf "$WORK"' EXIT
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs" >&2
 SHARD=$((TOKENS / 80 + 1))
 "$BIN" --generate "$WORK/data" --tokens "$TOKENS" --shard-tokens $SHARD >&2
-for i in $(seq 0 9); do
-  "$BIN" --generate "$WORK/src$i" --tokens $((TOKENS / 10)) --shard-tokens $SHARD --seed $((i + 1)) >&2
+for n in 3 10; do  # source i of the n-source mixture: its weight's share of TOKENS
+  for i in $(seq 0 $((n - 1))); do
+    "$BIN" --generate "$WORK/src$n.$(printf %02d $i)" --tokens $((TOKENS * (i + 1) * 2 / (n * (n + 1)))) \
+      --shard-tokens $SHARD --seed $((n * 100 + i + 1)) >&2
+  done
 done
 "$BIN" --generate "$WORK/many" --tokens 10000000 --shard-tokens 1000 >&2   # 10,000 train shards
 cat "$WORK"/data/*.bin "$WORK"/src*/*.bin > /dev/null
 src() {  # the --source-data of an n-source mixture
-  case $1 in 3) echo "$WORK/src0,$WORK/src1,$WORK/src2" ;; 10) ls -d "$WORK"/src* | paste -sd, ;; *) echo "" ;; esac
+  case $1 in 3|10) ls -d "$WORK/src$1".* | paste -sd, ;; *) echo "" ;; esac
 }
+# Every variant's datasets hold the same tokens (the dataset sizes, in bytes, say so).
+for n in 0 3 10; do
+  case $n in 0) d="$WORK/data" ;; *) d=$(ls -d "$WORK/src$n".*) ;; esac
+  echo "variant $n sources: $(cat $(for x in $d; do ls "$x"/*.bin; done) | wc -c) bytes of shards" >&2
+done
 variants=(0 1 3 10)
 for r in $(seq "$ROUNDS"); do
   for mode in packed bucketed; do
@@ -58,7 +68,8 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 many = [json.loads(l) for l in open(sys.argv[2])]
-out = {"window": "%s batches of 16 x 1024 from next(), 2 workers, after 20 warm-up batches" % sys.argv[3]}
+out = {"window": "%s batches of 16 x 1024 from next(), 2 workers, after 20 warm-up batches" % sys.argv[3],
+       "data": "every variant reads datasets of the same total tokens: one of N; n sources of N*(i+1)/(1+..+n), source i weighted i+1"}
 for mode in ("packed", "bucketed"):
     tps = {(r["round"], r["sources"]): r["tokens_per_s"] for r in runs if r["mode"] == mode}
     rounds = sorted({k[0] for k in tps})

@@ -6,8 +6,14 @@
 # reported with its range. Beside it, the cost measured inside each run (summary.json): the
 # training thread's time building and enqueueing records plus the metrics sink thread's CPU time,
 # per step; on this shared 2-core machine run-to-run drift (+-15%) hides effects below a few %.
-# Step time = tokens per step / summary.json tokens_per_s (all steps but the first). Data: the King James Bible with the bytes tokenizer (model.vocab_size pads
-# the vocabulary to the kjv config's 4096, so the shapes are the main job's).
+# Step time: the whole step, its logging included: each variant runs twice, N steps and N/5 (at
+# least 2), and the step time is the difference of the two runs' loop time (summary.json wall_s:
+# from the first step to the end of the run, every record built, enqueued and written) over the
+# difference of their steps, so what every run does once (the first step, the final checkpoint and
+# weights, the last flush of the metrics) cancels. (summary.json tokens_per_s times the steps
+# alone, before their records are built: it cannot see the logging.) Data: the King James Bible
+# with the bytes tokenizer (model.vocab_size pads the vocabulary to the kjv config's 4096, so the
+# shapes are the main job's).
 # usage: bench/telemetry.sh [--rounds R] [--tiny-steps N] [--kjv-steps N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +38,14 @@ for r in $(seq "$ROUNDS"); do
     steps=$TINY_STEPS; [ $cfg = kjv ] && steps=$KJV_STEPS
     for i in 0 1 2 3; do
       read -r every tb <<< "${variants[$(( (i + r) % 4 ))]}"
-      dir="$WORK/$cfg.$every.$tb.$r"
-      build/bin/trainer configs/$cfg.yaml "run.dir=$dir" "data.train=$WORK/data" model.vocab_size=4096 \
-        "train.max_steps=$steps" "log.every_steps=$every" "log.tensorboard=$tb" eval.batches=0 \
-        checkpoint.every_steps=0 >/dev/null 2>&1
-      echo "{\"round\": $r, \"cfg\": \"$cfg\", \"every\": $every, \"tensorboard\": $tb, \"dir\": \"$dir\"}" >> "$WORK/runs.jsonl"
+      short=$(( steps / 5 > 2 ? steps / 5 : 2 ))
+      for n in $short $steps; do  # the short run first, then the long one, back to back
+        dir="$WORK/$cfg.$every.$tb.$r.$n"
+        build/bin/trainer configs/$cfg.yaml "run.dir=$dir" "data.train=$WORK/data" model.vocab_size=4096 \
+          "train.max_steps=$n" "log.every_steps=$every" "log.tensorboard=$tb" eval.batches=0 \
+          checkpoint.every_steps=0 >/dev/null 2>&1
+      done
+      echo "{\"round\": $r, \"cfg\": \"$cfg\", \"every\": $every, \"tensorboard\": $tb, \"short\": \"$WORK/$cfg.$every.$tb.$r.$short\", \"short_steps\": $short, \"dir\": \"$WORK/$cfg.$every.$tb.$r.$steps\", \"steps\": $steps}" >> "$WORK/runs.jsonl"
     done
   done
   echo "round $r done" >&2
@@ -44,10 +53,11 @@ done
 /usr/bin/python3 - "$WORK/runs.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-def step_ms(r, s):
-    c = [l.split(":", 1)[1].strip() for l in open(r["dir"] + "/config.yaml") if l.strip().startswith(("seq_len:", "micro_batch_size:"))]
-    return 1e3 * int(c[0]) * int(c[1]) / s["tokens_per_s"]
-out = {"window": "step time = tokens per step / summary.json tokens_per_s (every step but the first); "
+def step_ms(r):  # the whole step, logging included: the two runs' difference of loop time over steps
+    wall = lambda d: json.load(open(d + "/summary.json"))["wall_s"]
+    return 1e3 * (wall(r["dir"]) - wall(r["short"])) / (r["steps"] - r["short_steps"])
+out = {"window": "step time = (summary.json wall_s of N steps - of N/5 steps) / (N - N/5): the whole step, its "
+                  "records built, enqueued and written included, what each run does once cancelled; "
                   "ratio = a variant's step time over the quietest variant's (every 1000 steps, TensorBoard off) "
                   "in the same round, median over rounds with its range"}
 for cfg in ("tiny", "kjv"):
@@ -56,7 +66,7 @@ for cfg in ("tiny", "kjv"):
         if r["cfg"] == cfg:
             key = (r["round"], r["every"], r["tensorboard"])
             s = json.load(open(r["dir"] + "/summary.json"))
-            ms[key] = step_ms(r, s)
+            ms[key] = step_ms(r)
             direct[key] = s["telemetry_ms_per_step"] + s.get("telemetry_sink_cpu_ms_per_step", 0)
     rounds = sorted({k[0] for k in ms})
     res = {}

@@ -1,6 +1,6 @@
 // parallel_for: the one small thread pool for CPU work split into independent items (prep's
-// tokenizing rounds, the raw-text index build). Background threads: idle priority, and a yield
-// between pieces of work.
+// tokenizing rounds, the raw-text index build). Background threads: idle priority, a yield between
+// pieces of work, and optionally a pace (Pacer: the work spread over a given time).
 #pragma once
 
 #include <pthread.h>
@@ -8,9 +8,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -56,7 +60,69 @@ inline int set_background_priority() {
   return pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
 }
 
+// Spreads a background thread's work over a target time instead of doing it as fast as possible
+// (the async checkpoint writer's disk writes over a share of the checkpoint interval: on a VM the
+// host's side of each write takes CPU from training, and a burst of 1.5 GB takes it from every
+// step it overlaps). The thread works in pieces (between the yields above: the writer's are its
+// checksum's 1 MB pieces, each just before the piece is written); after its k-th piece of an
+// expected n it sleeps until k/n of the target time has passed since start(). Late pieces do not
+// sleep (the schedule is absolute: a piece that took long is made up by sleeping less), and past
+// the n-th piece nothing sleeps, so the work ends at the target time, or as soon as it can when it
+// takes longer. hurry() (any thread: someone waits for the work) ends the sleeping at once. A
+// thread paces itself with it by setting t_pacer.
+class Pacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // pieces: the expected number of pieces; target_s: the time to spread them over (<= 0: no
+  // sleeps).
+  void start(double pieces, double target_s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pieces_ = pieces, target_s_ = target_s, done_ = 0, slept_s_ = 0;
+    start_ = Clock::now();
+  }
+  // After a piece of work (the pacing thread): sleeps until the schedule, unless hurried.
+  void piece_done() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++done_;
+    if (hurried_ || target_s_ <= 0 || pieces_ <= 0 || done_ >= pieces_) return;
+    const double due_s = target_s_ * static_cast<double>(done_) / pieces_;
+    const auto until = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(due_s));
+    const auto now = Clock::now();
+    if (until <= now) return;
+    cv_.wait_until(lock, until, [this] { return hurried_; });
+    slept_s_ += std::chrono::duration<double>(Clock::now() - now).count();
+  }
+  // From any thread: no more sleeps (and the one in progress ends).
+  void hurry() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hurried_ = true;
+    }
+    cv_.notify_all();
+  }
+  double slept_s() {  // time slept since start()
+    std::lock_guard<std::mutex> lock(mu_);
+    return slept_s_;
+  }
+  double pieces_done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<double>(done_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool hurried_ = false;  // never reset: a hurry before start() holds too
+  double pieces_ = 0, target_s_ = 0, slept_s_ = 0;
+  uint64_t done_ = 0;
+  Clock::time_point start_{};
+};
+
+// The calling thread's Pacer, or null (unpaced): yield_if_background() paces it.
+inline thread_local Pacer* t_pacer = nullptr;
+
 inline void yield_if_background() {
+  if (t_pacer) t_pacer->piece_done();
   if (t_background) sched_yield();
 }
 

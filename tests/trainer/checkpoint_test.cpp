@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -20,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 namespace lm {
@@ -480,6 +482,116 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
     EXPECT_EQ(Checkpointer::verify(dir), "") << name;
   }
   EXPECT_EQ(names(dir).size(), 6u);  // model, optimizer, ema, state, rank_0, manifest
+}
+
+// Pacing (checkpoint.h): an async save's disk writes are spread over checkpoint.write_pace of the
+// interval (in step time) instead of written as fast as the disk takes them; the save still
+// completes within the interval, and a save due while the previous one is still writing hurries it
+// (the previous one finishes at full speed and is committed first, as without pacing).
+// The file system takes direct I/O here whatever the disk (so the writer writes in 8 MB pieces, as
+// on a real disk), records the time of each write of 1 MB or more, and skips the fsyncs (the
+// order of the writes is what is checked here, not durability: a busy disk's fsync would make the
+// unpaced writes as slow as the pace).
+class PaceRecordingFs : public files::FileSystem {
+ public:
+  int set_direct(int, bool) override { return 0; }  // accepted; the kernel still buffers the writes
+  int sync(int) override { return 0; }
+  int sync_dir(const char*) override { return 0; }
+  int write(int fd, const void* data, size_t n, size_t* written) override {
+    if (n >= (size_t{1} << 20)) {
+      std::lock_guard<std::mutex> lock(mu);
+      times.push_back(std::chrono::steady_clock::now());
+    }
+    return FileSystem::write(fd, data, n, written);
+  }
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> times;
+};
+
+TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  test::TempDir run;
+  PaceRecordingFs fs;
+  files::set_file_system(&fs);
+  struct Restore {
+    ~Restore() { files::set_file_system(nullptr); }
+  } restore;
+  CheckpointConfig cfg;
+  cfg.async = true, cfg.every_steps = 20, cfg.write_pace = 0.5;
+  Checkpointer ck(cfg, run.path(), 0, 1);
+  auto state = [](int64_t step) {  // 64 MB of tensors: 8 writes of 8 MB
+    CheckpointState st;
+    st.step = step;
+    st.replicated["model"].tensors = {{"w", torch::full({int64_t{16} << 20}, static_cast<float>(step))}};
+    st.per_rank["loader"].values = {{"cursor", step}};
+    return st;
+  };
+  // 0.5 s a step: the interval is 10 s, the writes spread over half of it (long against the
+  // writes' own time, which on a busy machine, at idle priority, can reach a second or two).
+  for (int64_t s = 1; s <= 3; ++s) ck.due(s, 0.5);
+  EXPECT_NEAR(ck.pace_target_s(), 5.0, 1e-9);
+  // One save and the steps it overlaps (0.5 s each, simulated); its report, and seconds to done.
+  auto save = [&](int64_t step, double* seconds) {
+    {
+      std::lock_guard<std::mutex> lock(fs.mu);
+      fs.times.clear();
+    }
+    const auto t0 = Clock::now();
+    ck.save(state(step));
+    std::vector<SaveReport> r;
+    for (int i = 0; i < 1000 && (r = ck.finished()).empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ck.step_done(0.5);
+    }
+    *seconds = secs(Clock::now() - t0);
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? SaveReport{} : r[0];
+  };
+  double s1 = 0, s2 = 0;
+  const SaveReport first = save(1, &s1);  // learns how long the writes take unpaced
+  EXPECT_TRUE(first.error.empty()) << first.error;
+  const SaveReport second = save(2, &s2);
+  EXPECT_TRUE(second.error.empty()) << second.error;
+  EXPECT_NEAR(second.pace_ms, 5000.0, 1e-6);
+  std::vector<Clock::time_point> times;
+  {
+    std::lock_guard<std::mutex> lock(fs.mu);
+    times = fs.times;
+  }
+  ASSERT_GE(times.size(), 8u);
+  // Spaced: unpaced, 64 MB into the page cache takes tens of ms (a second or two on a busy machine).
+  EXPECT_GE(secs(times.back() - times.front()), 2.5) << "writes not spread over the 5 s target";
+  EXPECT_GT(second.slept_ms, 0.0);
+  EXPECT_LE(s2, 10.0) << "the paced save did not complete within the 10 s interval";
+  std::cout << "paced save: writes spread over " << secs(times.back() - times.front()) << " s, done in " << s2
+            << " s, slept " << second.slept_ms << " ms (the first save: " << s1 << " s, slept " << first.slept_ms
+            << " ms, writing " << first.write_ms << " ms)" << std::endl;
+  for (size_t i = 1; i < times.size(); ++i) std::cout << " " << secs(times[i] - times[i - 1]);
+  std::cout << std::endl;
+  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000002"), "");
+  // A save due before the previous one finished: the previous is hurried (its remaining pace
+  // dropped) and committed first, the new one then saved as usual. Steps of 1 s now: the writes
+  // are to be spread over 10 s, which the next save must not wait for.
+  for (int i = 0; i < 200; ++i) ck.due(4, 1.0);
+  EXPECT_NEAR(ck.pace_target_s(), 10.0, 0.01);
+  const auto t0 = Clock::now();
+  ck.save(state(3));
+  ck.wait_snapshot();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the writer is pacing
+  ck.save(state(4));
+  const double call_s = secs(Clock::now() - t0);
+  ck.wait();
+  EXPECT_LT(call_s, 4.0) << "the in-flight save kept its pace while the next save waited for it";
+  const auto r = ck.finished();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_NEAR(r[0].pace_ms, 10000.0, 10.0);
+  EXPECT_EQ(r[0].step, 3);
+  EXPECT_EQ(r[1].step, 4);
+  for (auto& rep : r) EXPECT_TRUE(rep.error.empty()) << rep.error;
+  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000003"), "");
+  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000004"), "");
+  EXPECT_EQ(ck.load(run / "checkpoints/step_00000004").replicated["model"].tensors[0].second[7].item<float>(), 4.0f);
 }
 
 }  // namespace

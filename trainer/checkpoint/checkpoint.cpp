@@ -161,6 +161,7 @@ struct Checkpointer::InFlight {
   std::atomic<bool> done{false};    // the writer finished; report.error and write_ms are set
   SaveReport report;
   double fence_s = 0;               // time wait_snapshot() waited for (or made) the copies
+  Pacer pacer;                      // the writes' pace (hurried by wait())
   clock::StealMeter steal;          // the hypervisor's steal from save() on
 };
 
@@ -186,6 +187,7 @@ Checkpointer::~Checkpointer() { wait(); }
 void Checkpointer::wait() {
   if (!inflight_) return;
   const auto t0 = Clock::now();
+  inflight_->pacer.hurry();  // someone waits: the rest at full speed, as unpaced
   inflight_->thread.join();
   close_inflight(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
 }
@@ -255,6 +257,15 @@ void Checkpointer::report(const std::string& other_error, const std::function<vo
 }
 
 namespace {
+
+// The pieces the writer paces (Pacer::piece_done, through yield_if_background): the checksum's
+// pieces, 1 MB each (common/files.cpp, PlanWriter::hash), about one per MB of each file.
+double pace_pieces(const std::vector<files::FilePlan>& plans) {
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  double n = 0;
+  for (auto& p : plans) n += static_cast<double>((p.size() + kPiece - 1) / kPiece);
+  return n;
+}
 
 double plans_mb(const std::vector<files::FilePlan>& plans) {
   double mb = 0;
@@ -332,7 +343,7 @@ void Checkpointer::save(const CheckpointState& st) {
     interval_.set_state_mb(mb);
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     const double ms = ms_since(t0);
-    record({st.step, dir, false, ms, ms, ms, mb, 1e3 * steal.take_s(), err});
+    record({st.step, dir, false, ms, ms, ms, mb, 1e3 * steal.take_s(), 0, 0, err});
     if (!err.empty() && cfg_.stop_on_error()) throw Error("checkpoint at step " + std::to_string(st.step) + " failed: " + err);
     return;
   }
@@ -340,7 +351,8 @@ void Checkpointer::save(const CheckpointState& st) {
   auto plans = plan_files(st, &f->keep, f.get());
   const double mb = plans_mb(plans);
   interval_.set_state_mb(mb);
-  f->report = {st.step, dir, true, 0, 0, 0, mb, 0, ""};
+  f->report = {st.step, dir, true, 0, 0, 0, mb, 0, 0, 0, ""};
+  f->report.pace_ms = 1e3 * pace_target_s();
   InFlight* fl = f.get();
   inflight_ = std::move(f);
   fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
@@ -349,11 +361,20 @@ void Checkpointer::save(const CheckpointState& st) {
     set_idle_priority();
     fl->copies.copy_some();
     fl->copies.wait();
+    fl->pacer.start(pace_pieces(plans), fl->report.pace_ms / 1e3);  // the writes, paced (the copy never is)
+    t_pacer = &fl->pacer;
     fl->report.error = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
+    t_pacer = nullptr;
+    fl->report.slept_ms = 1e3 * fl->pacer.slept_s();
     fl->report.write_ms = ms_since(w0);
     fl->done.store(true);
   });
   fl->report.call_ms = ms_since(t0);
+}
+
+double Checkpointer::pace_target_s() const {
+  const int64_t every = cfg_.every_steps > 0 ? cfg_.every_steps : interval_.interval_steps();
+  return std::max(0.0, cfg_.write_pace) * static_cast<double>(every) * mean_step_s_;
 }
 
 void Checkpointer::prune() {

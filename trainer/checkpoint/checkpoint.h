@@ -24,6 +24,18 @@
 // and stalled training longer: every page the next update writes is copied on write; see
 // bench/ckpt_stall.sh and commit 223b6ab.)
 //
+// Pacing: the writer writes the staged images in pieces (8 MB writes, each after its checksum in
+// 1 MB pieces, common/files.cpp) spread evenly over checkpoint.write_pace of the time until the
+// next save is due (the interval in steps times the mean step time, known once due() has been
+// asked; common/parallel.h, Pacer: after its k-th MB of n the writer sleeps until k/n of that
+// time has passed), instead of as fast as the disk takes them: on a VM the host's side of each
+// disk write takes CPU from training. Writes slower than the pace are not slowed further.
+// The copy into the staging buffer is never paced (the next update waits for it). Nothing else
+// changes: the same files in the same order, fsync'd, then the manifest, then the rename; wait(),
+// the destructor and a save() while one is in flight end the pacing and let the writer finish at
+// full speed (so a save due before the previous one finished behaves as without pacing). No
+// interval known (every_steps 0, or no step seen), or write_pace 0: unpaced.
+//
 // SaveReport::block_ms is the real stall (trainer/checkpoint/stall.h): the time save() blocked
 // plus, for an async save, the extra time of the steps that ran while it was in flight over steps
 // that ran without one. It is final once the loop has reported the step during which the writer
@@ -75,6 +87,8 @@ struct SaveReport {
   double write_ms = 0;   // time to write and commit the files
   double mb = 0;         // megabytes written by this rank
   double steal_ms = 0;   // CPU time the hypervisor took from this machine's CPUs meanwhile (clock.h)
+  double pace_ms = 0;    // async: the time its writes were to be spread over (0: unpaced; see Pacing)
+  double slept_ms = 0;   // async: the time the writer slept to keep that pace
   std::string error;     // empty when it succeeded
 };
 
@@ -132,6 +146,9 @@ class Checkpointer : public WriteFence {
   // and xxh64 in the same pass; a rank the checkpoint has no file for gets rank 0's. Counts it as
   // the last save. Throws CheckpointError naming the file.
   CheckpointState load(const std::string& dir);
+  // Pacing (see above): the time the next async save's writes are spread over, in seconds (0:
+  // unpaced).
+  double pace_target_s() const;
   // Step of the last save started (or loaded).
   int64_t last_save_step() const { return last_save_step_; }
 

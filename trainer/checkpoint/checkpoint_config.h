@@ -16,6 +16,10 @@ struct CheckpointConfig {
   std::string resume = "auto";
   bool force = false;
   bool async = false;
+  // Async saves: the share of the checkpoint interval (every_steps, or auto's interval, times the
+  // mean step time) that the writer spreads its disk writes over instead of writing as fast as the
+  // disk takes them (checkpoint.h, "Pacing"); 0: unpaced.
+  double write_pace = 0.5;
   std::string on_error = "stop";
   double commit_timeout_s = 600;
 
