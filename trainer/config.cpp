@@ -172,6 +172,9 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.boolean("checkpoint.force", &c.checkpoint.force, "resume even when the model architecture or data version differ");
   s.boolean("checkpoint.async", &c.checkpoint.async, "snapshot, then write checkpoints in the background while "
             "training continues");
+  s.number("checkpoint.write_pace", &c.checkpoint.write_pace, "async saves: the share of the checkpoint interval (in "
+           "step time) the disk writes are spread over, so that they take less CPU from the steps; 0 = as fast as "
+           "the disk takes them", 0, false, 1, false);
   s.choice("checkpoint.on_error", &c.checkpoint.on_error, "a failed save: stop = exit 1, continue = warn and keep "
            "training", {"stop", "continue"});
   s.number("checkpoint.commit_timeout_s", &c.checkpoint.commit_timeout_s, "seconds rank 0 waits for the other ranks' "
