@@ -6,8 +6,10 @@ command until done and compared with an uninterrupted run (see tests/faults/READ
   python3 tests/faults/fault_matrix.py --bin build/bin --faults 200    # the long form
 
 Faults, in turn (each with its own seeded draw):
-  kill_time     SIGKILL of the trainer at a random moment of the run
-  kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch, at a random moment
+  kill_time     SIGKILL of the trainer at a random moment of its training (uniform over the
+                uninterrupted run's span from the first logged step to its exit)
+  kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch (both ranks are
+                fault_trainer without a fault: the journal has the durable steps), likewise
   kill_writer   SIGKILL of the asynchronous checkpoint writer at its Nth file-system call
   kill_rename   SIGKILL just before the Nth rename (checkpoint commits, atomic files)
   kill_renamed  SIGKILL just after the Nth rename, before its directory is fsync'd
@@ -147,15 +149,23 @@ class Matrix:
         except OSError:
             return ""
 
-    def reference(self, name, cmd_of):
+    def reference(self, name, cmd_of, log_of):
+        """The uninterrupted run; "train_seconds": from its first logged step to its exit (the span
+        kill_time/kill_rank draw their moment from)."""
         run = os.path.join(self.work, name)
-        start = time.time()
-        rc = self.run_to_end(cmd_of(run), run, 0)
-        if rc != 0:
+        p = self.start(cmd_of(run), run, 0)
+        first = wait_first_step(p, log_of(run))
+        try:
+            rc = p.wait(600)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            rc = "timeout"
+        end = time.time()
+        if rc != 0 or first is None:
             sys.exit(f"fault_matrix: the uninterrupted run {name} failed ({rc}):\n" +
                      self.read(os.path.join(run, "attempt_0.out"))[-3000:])
         counts = dict(kv.split("=") for kv in self.read(os.path.join(run, "counts")).split()) if name != "ref_launch" else {}
-        return {"losses": self.losses(run), "weights": self.weights(run), "seconds": time.time() - start,
+        return {"losses": self.losses(run), "weights": self.weights(run), "train_seconds": end - first,
                 "counts": {k: int(v) for k, v in counts.items()}}
 
     # ---- evidence ---------------------------------------------------------------------------
@@ -247,13 +257,21 @@ class Matrix:
                 return "timeout"
 
         if kind in ("kill_time", "kill_rank"):
+            # The moment: a uniform draw over the training span (first logged step to exit) of the
+            # uninterrupted run, counted from this run's first logged step.
             lo, hi = self.kill_window
-            delay = rng.uniform(lo, hi) * base["seconds"]  # runs vary: most land inside the run
-            detail = f"after {delay:.2f} s"
+            delay = rng.uniform(lo, hi) * base["train_seconds"]
+            detail = f"{delay:.2f} s after step 1"
             p = launch_attempt(1) if launch else trainer_attempt(self.trainer_cmd(run), 1)
+            first_log = (os.path.join(run, "launch_logs", run_ids[0], "attempt_0", "rank_0.log") if launch
+                         else os.path.join(run, "attempt_1.out"))
             try:
+                if wait_first_step(p, first_log) is None:
+                    raise ChildProcessError
                 p.wait(delay)
                 injected, why = False, f"the run ended (exit {p.returncode}) before the signal"
+            except ChildProcessError:
+                injected, why = False, f"the run ended (exit {p.returncode}) before its first step"
             except subprocess.TimeoutExpired:
                 if launch:
                     victims = children(p.pid)
@@ -271,9 +289,7 @@ class Matrix:
                     os.kill(p.pid, signal.SIGKILL)
             rc = wait(p)
             if injected:
-                first = (os.path.join(run, "launch_logs", run_ids[0], "attempt_0", "rank_0.log") if launch
-                         else os.path.join(run, "attempt_1.out"))
-                detail += f" (at {last_step(self.read(first))})"
+                detail += f" (at {last_step(self.read(first_log))})"
             if injected and not launch:
                 # The signal killed it (not an exit of its own) and the run was not done.
                 if rc != -signal.SIGKILL:
@@ -330,6 +346,22 @@ class Matrix:
         return row
 
 
+def wait_first_step(p, log, timeout=600):
+    """Waits until `log` shows the first training step: its time, or None when p exited first."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            with open(log, errors="replace") as f:
+                if re.search(r"\bstep\s+\d+/\d+ \|", f.read()):
+                    return time.time()
+        except OSError:
+            pass
+        if p.poll() is not None:
+            return None
+        time.sleep(0.02)
+    return None
+
+
 def last_step(out):
     """Where a process was: the last training step its output logged ("start-up" before the first)."""
     steps = re.findall(r"\bstep\s+(\d+)/\d+ \|", out)
@@ -362,9 +394,9 @@ def main():
     ap.add_argument("--faults", type=int, default=21, help="faults to inject (CI: 21, long form: 200)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the fault draws")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of " + ",".join(KINDS))
-    ap.add_argument("--kill-window", default="0.05,0.8", metavar="LO,HI",
-                    help="kill_time/kill_rank: the signal comes after LO..HI times the uninterrupted run's "
-                         "seconds (a window past 1 shows kills after the end reported as not injected)")
+    ap.add_argument("--kill-window", default="0,1", metavar="LO,HI",
+                    help="kill_time/kill_rank: the signal comes LO..HI times the uninterrupted run's training "
+                         "span after the first logged step (past 1: after the end, reported as not injected)")
     ap.add_argument("--work", default=None, help="parent of the scratch directory (default $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep every run directory")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per fault")
@@ -381,11 +413,13 @@ def main():
     m = Matrix(args)
     t0 = time.time()
     try:
-        ref = m.reference("ref", lambda run: m.trainer_cmd(run))
-        ref_launch = m.reference("ref_launch", lambda run: m.launch_cmd(run, f"fm{os.getpid()}ref")) \
+        ref = m.reference("ref", lambda run: m.trainer_cmd(run), lambda run: os.path.join(run, "attempt_0.out"))
+        ref_id = f"fm{os.getpid()}ref"
+        ref_launch = m.reference("ref_launch", lambda run: m.launch_cmd(run, ref_id),
+                                 lambda run: os.path.join(run, "launch_logs", ref_id, "attempt_0", "rank_0.log")) \
             if "kill_rank" in kinds else None
-        print(f"fault_matrix: uninterrupted runs {ref['seconds']:.1f} s (1 rank)"
-              + (f", {ref_launch['seconds']:.1f} s (2 ranks)" if ref_launch else "")
+        print(f"fault_matrix: uninterrupted runs train for {ref['train_seconds']:.1f} s (1 rank)"
+              + (f", {ref_launch['train_seconds']:.1f} s (2 ranks)" if ref_launch else "")
               + f"; fs calls {ref['counts']}", flush=True)
         rng = random.Random(args.seed)
         rows = [m.inject(i, kinds[i % len(kinds)], rng, ref, ref_launch) for i in range(args.faults)]
