@@ -6,8 +6,9 @@ command until done and compared with an uninterrupted run (see tests/faults/READ
   python3 tests/faults/fault_matrix.py --bin build/bin --faults 200    # the long form
 
 Faults, in turn (each with its own seeded draw):
-  kill_time     SIGKILL of the trainer at a random moment of its training (uniform over the
-                uninterrupted run's span from the first logged step to its exit)
+  kill_time     SIGKILL of the trainer at a random moment of its training: a step drawn from
+                1..24 is logged, then a fraction of a mean step time (checkpoint writes, evaluation
+                and the final save included) passes
   kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch (both ranks are
                 fault_trainer without a fault: the journal has the durable steps), likewise
   kill_writer   SIGKILL of the asynchronous checkpoint writer at its Nth file-system call
@@ -257,21 +258,24 @@ class Matrix:
                 return "timeout"
 
         if kind in ("kill_time", "kill_rank"):
-            # The moment: a uniform draw over the training span (first logged step to exit) of the
-            # uninterrupted run, counted from this run's first logged step.
+            # The moment: after a step drawn uniformly from 1..STEPS has been logged, a fraction of the
+            # uninterrupted run's mean step time (its span from the first logged step to its exit,
+            # over STEPS) drawn from --kill-window: anchored to this run's own progress, so the
+            # machine's load does not push the kill past the end.
             lo, hi = self.kill_window
-            delay = rng.uniform(lo, hi) * base["train_seconds"]
-            detail = f"{delay:.2f} s after step 1"
+            at = rng.randint(1, STEPS)
+            delay = rng.uniform(lo, hi) * base["train_seconds"] / STEPS
+            detail = f"{delay:.2f} s after step {at}"
             p = launch_attempt(1) if launch else trainer_attempt(self.trainer_cmd(run), 1)
             first_log = (os.path.join(run, "launch_logs", run_ids[0], "attempt_0", "rank_0.log") if launch
                          else os.path.join(run, "attempt_1.out"))
             try:
-                if wait_first_step(p, first_log) is None:
+                if wait_first_step(p, first_log, step=at) is None:
                     raise ChildProcessError
                 p.wait(delay)
                 injected, why = False, f"the run ended (exit {p.returncode}) before the signal"
             except ChildProcessError:
-                injected, why = False, f"the run ended (exit {p.returncode}) before its first step"
+                injected, why = False, f"the run ended (exit {p.returncode}) before step {at}"
             except subprocess.TimeoutExpired:
                 if launch:
                     victims = children(p.pid)
@@ -346,13 +350,14 @@ class Matrix:
         return row
 
 
-def wait_first_step(p, log, timeout=600):
-    """Waits until `log` shows the first training step: its time, or None when p exited first."""
+def wait_first_step(p, log, step=None, timeout=600):
+    """Waits until `log` shows a training step (`step`, or any): its time, or None when p exited first."""
+    pattern = re.compile(r"\bstep\s+" + (str(step) if step else r"\d+") + r"/\d+ \|")
     t0 = time.time()
     while time.time() - t0 < timeout:
         try:
             with open(log, errors="replace") as f:
-                if re.search(r"\bstep\s+\d+/\d+ \|", f.read()):
+                if pattern.search(f.read()):
                     return time.time()
         except OSError:
             pass
@@ -395,8 +400,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1, help="seed of the fault draws")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of " + ",".join(KINDS))
     ap.add_argument("--kill-window", default="0,1", metavar="LO,HI",
-                    help="kill_time/kill_rank: the signal comes LO..HI times the uninterrupted run's training "
-                         "span after the first logged step (past 1: after the end, reported as not injected)")
+                    help="kill_time/kill_rank: the signal comes LO..HI mean step times (of the uninterrupted "
+                         "run) after a step drawn from 1..%d is logged (e.g. 100,200: after the end, "
+                         "reported as not injected)" % STEPS)
     ap.add_argument("--work", default=None, help="parent of the scratch directory (default $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep every run directory")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per fault")
