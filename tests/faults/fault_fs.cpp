@@ -55,42 +55,62 @@ FaultFileSystem::FaultFileSystem(FaultSpec spec, std::string journal_path)
 
 bool FaultFileSystem::in_writer() const { return ::getpid() != pid_ || ::gettid() != tid_; }
 
-void FaultFileSystem::tick() {
+void FaultFileSystem::tick(const char* op, const char* path, int fd) {
   const long n = ++calls_;
-  if (spec_.kind == "powercut" && n == spec_.n) power_cut();
+  auto where = [&] { return path ? norm(path) : path_of(fd); };
+  if (spec_.kind == "powercut" && n == spec_.n) {
+    injected(op, where());
+    power_cut();
+  }
   if (spec_.kind == "kill_writer" && in_writer() && ++writer_calls_ == spec_.n) {
     // Once per run: the first writer to get here claims the marker (O_EXCL), then dies.
-    int fd = ::open((journal_ + ".fired").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      ::close(fd);
-      journal("kill_writer");
+    int mfd = ::open((journal_ + ".fired").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (mfd >= 0) {
+      ::close(mfd);
+      injected(op, where());
       ::raise(SIGKILL);
     }
   }
 }
 
+void FaultFileSystem::injected(const char* op, const std::string& path) const {
+  journal("injected " + spec_.kind + "@" + std::to_string(spec_.n) + " pid=" + std::to_string(::getpid()) +
+          " call=" + std::to_string(calls_.load()) + " " + op + " " + path);
+}
+
+std::string FaultFileSystem::path_of(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = open_.find(fd);
+  return it != open_.end() ? it->second.path : "fd " + std::to_string(fd);
+}
+
 int FaultFileSystem::open_for_write(const char* path, int* fd) {
-  tick();
+  tick("open", path);
   int e = FileSystem::open_for_write(path, fd);
-  if (e == 0 && tracking()) {
+  if (e == 0) {
     std::lock_guard<std::mutex> lock(mu_);
     open_[*fd] = {norm(path), 0};
-    created_.push_back(norm(path));
+    if (tracking()) created_.push_back(norm(path));
   }
   return e;
 }
 
 int FaultFileSystem::write(int fd, const void* data, size_t n, size_t* written) {
-  tick();
+  tick("write", nullptr, fd);
   const long w = ++writes_;
-  if ((spec_.kind == "enospc" && w >= spec_.n) || (spec_.kind == "eio" && w == spec_.n))
+  if ((spec_.kind == "enospc" && w >= spec_.n) || (spec_.kind == "eio" && w == spec_.n)) {
+    if (w == spec_.n) injected("write", path_of(fd));  // enospc: the first of the failing writes
     return spec_.kind == "enospc" ? ENOSPC : EIO;
+  }
   return FileSystem::write(fd, data, n, written);
 }
 
 int FaultFileSystem::sync(int fd) {
-  tick();
-  if (spec_.kind == "fsync_eio" && ++syncs_ == spec_.n) return EIO;
+  tick("fsync", nullptr, fd);
+  if (spec_.kind == "fsync_eio" && ++syncs_ == spec_.n) {
+    injected("fsync", path_of(fd));
+    return EIO;
+  }
   if (spec_.kind != "fsync_eio") ++syncs_;
   int e = FileSystem::sync(fd);
   if (e == 0 && tracking()) {
@@ -101,11 +121,11 @@ int FaultFileSystem::sync(int fd) {
 }
 
 int FaultFileSystem::close(int fd) {
-  tick();
-  if (tracking()) {
+  tick("close", nullptr, fd);
+  {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = open_.find(fd); it != open_.end()) {
-      if (file_size(fd) != it->second.synced) unsynced_[it->second.path] = it->second.synced;
+      if (tracking() && file_size(fd) != it->second.synced) unsynced_[it->second.path] = it->second.synced;
       open_.erase(it);
     }
   }
@@ -113,9 +133,12 @@ int FaultFileSystem::close(int fd) {
 }
 
 int FaultFileSystem::rename(const char* from, const char* to) {
-  tick();
+  tick("rename", from);
   const long r = ++renames_;
-  if (spec_.kind == "kill_rename" && r == spec_.n) ::raise(SIGKILL);
+  if (spec_.kind == "kill_rename" && r == spec_.n) {
+    injected("rename", norm(from) + " -> " + norm(to));
+    ::raise(SIGKILL);
+  }
   Rename rec{norm(from), norm(to), ""};
   if (tracking()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -151,12 +174,15 @@ int FaultFileSystem::rename(const char* from, const char* to) {
     unsynced_ = std::move(moved);
     renamed_.push_back(rec);
   }
-  if (spec_.kind == "kill_renamed" && r == spec_.n) ::raise(SIGKILL);
+  if (spec_.kind == "kill_renamed" && r == spec_.n) {
+    injected("renamed", rec.from + " -> " + rec.to);
+    ::raise(SIGKILL);
+  }
   return 0;
 }
 
 int FaultFileSystem::sync_dir(const char* dir) {
-  tick();
+  tick("fsync_dir", dir);
   ++sync_dirs_;
   int e = FileSystem::sync_dir(dir);
   if (e != 0) return e;
@@ -186,7 +212,7 @@ int FaultFileSystem::sync_dir(const char* dir) {
 }
 
 int FaultFileSystem::remove(const char* path) {
-  tick();
+  tick("remove", path);
   return FileSystem::remove(path);
 }
 
@@ -202,7 +228,6 @@ void FaultFileSystem::power_cut() {
     struct stat st {};
     if (::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(p.c_str());
   }
-  journal("powercut");
   ::raise(SIGKILL);
 }
 

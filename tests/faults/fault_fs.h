@@ -16,9 +16,14 @@
 //                   to their last fsync'd size, files created or renamed in a directory not
 //                   fsync'd since are removed or renamed back), then SIGKILL: a power cut
 // Counting: how many calls of each kind the process made (a reference run's counts are the range
-// the matrix draws N from). Journal: a line "durable <dir>" each time a rename of a checkpoint
-// directory (checkpoints/step_*) became durable (its parent directory fsync'd after it), so the
-// matrix knows which checkpoints a fault must never lose.
+// the matrix draws N from). Journal (one line per event, appended by every process of the run):
+//   start pid=P rank=R run_id=ID restart=K   a process began (fault_trainer; launcher env or "-")
+//   durable <dir>                            a rename of a checkpoint directory (checkpoints/step_*)
+//                                            became durable (its parent directory fsync'd after
+//                                            it): a fault must never lose it
+//   injected KIND@N pid=P call=C OP PATH     the fault fired, written at the moment it does (before
+//                                            the SIGKILL, or as the failing call returns): the
+//                                            matrix counts a fault as injected only with this line
 #pragma once
 
 #include <atomic>
@@ -53,12 +58,17 @@ class FaultFileSystem : public files::FileSystem {
   std::string counts() const;
   // Whether this call comes from the async writer (another process or thread than the creator's).
   bool in_writer() const;
+  // Appends a line to the journal (no-op without one).
+  void journal(const std::string& line) const;
 
  private:
   bool tracking() const { return spec_.kind == "powercut"; }
-  void tick();  // counts a call; powercut@N fires here
+  // Counts a call (op and path name it in an injection record); powercut@N and kill_writer@N fire here.
+  void tick(const char* op, const char* path, int fd = -1);
   void power_cut();
-  void journal(const std::string& line) const;
+  // The journal's "injected" line for the call being made.
+  void injected(const char* op, const std::string& path) const;
+  std::string path_of(int fd);  // the path an fd was opened with ("fd N" if unknown)
 
   // For powercut: what a crash would lose.
   struct OpenFile {
@@ -72,12 +82,13 @@ class FaultFileSystem : public files::FileSystem {
   std::string journal_;
   std::atomic<long> calls_{0}, writes_{0}, syncs_{0}, renames_{0}, sync_dirs_{0}, writer_calls_{0};
   int pid_ = 0, tid_ = 0;  // the creator
-  std::mutex mu_;                       // guards the tracking below (powercut runs only)
-  std::map<int, OpenFile> open_;        // fd -> file
+  std::mutex mu_;                       // guards the maps below
+  std::map<int, OpenFile> open_;        // fd -> file (every run: injection records name the path)
+  std::vector<std::string> pending_ckpt_;  // checkpoint dirs renamed into place, not yet durable
+  // The rest: powercut runs only.
   std::map<std::string, long long> unsynced_;  // closed files with unsynced bytes -> synced size
   std::vector<std::string> created_;    // files created in a directory not fsync'd since
   std::vector<Rename> renamed_;         // renames in a directory not fsync'd since
-  std::vector<std::string> pending_ckpt_;  // checkpoint dirs renamed into place, not yet durable
 };
 
 }  // namespace lm::faults

@@ -3,7 +3,12 @@
 // The trainer (trainer_cli, the same code as build/bin/trainer) with the fault matrix's file system
 // installed (tests/faults/fault_fs.h). A test binary: the production trainer has no fault hooks.
 // --counts FILE: at a normal exit, the calls made of each kind (for drawing N in a later run).
+// --journal FILE: the file system's journal (fault_fs.h), opened by a "start" line naming this
+// process (its rank, run id and restart count under build/bin/launch; "-" when run alone).
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,6 +33,12 @@ int main(int argc, char** argv) {
     if (i >= argc) throw lm::UsageError("missing '--' before the trainer's arguments");
     static lm::faults::FaultFileSystem fs(spec, journal);
     lm::files::set_file_system(&fs);
+    auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v && *v ? v : "-");
+    };
+    fs.journal("start pid=" + std::to_string(::getpid()) + " rank=" + env("RANK") + " run_id=" +
+               env("TORCHELASTIC_RUN_ID") + " restart=" + env("TORCHELASTIC_RESTART_COUNT"));
     std::vector<char*> targs = {argv[0]};
     for (++i; i < argc; ++i) targs.push_back(argv[i]);
     const int rc = lm::trainer_cli(static_cast<int>(targs.size()), targs.data());

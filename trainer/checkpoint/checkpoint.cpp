@@ -34,6 +34,9 @@ using clock::ms_since;
 
 using run_dir::step_name;
 constexpr const char* kResaveSuffix = ".old";  // step_N.old: the checkpoint a re-save replaces
+// step_N.deleting: a checkpoint retention is removing (renamed first: a crash mid-removal never
+// leaves a half-deleted step_N that looks committed; the next Checkpointer finishes the removal).
+constexpr const char* kDeleteSuffix = ".deleting";
 
 // Committed checkpoint directories (step_<digits>), newest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
@@ -176,6 +179,11 @@ Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_d
       const std::string name = e.path().filename().string();
       if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
         log::warn("removing an interrupted checkpoint: " + e.path().string());
+        files::remove_all(e.path().string());
+      }
+      const size_t d = std::strlen(kDeleteSuffix);
+      if (name.size() > d && name.compare(name.size() - d, d, kDeleteSuffix) == 0) {
+        log::info("finishing the removal of an old checkpoint: " + e.path().string());
         files::remove_all(e.path().string());
       }
     }
@@ -391,9 +399,14 @@ void Checkpointer::prune() {
       known = verified_.count(step) > 0;
     }
     const std::string why = known ? "" : verify(all[i].second);
-    if (why.empty())
-      files::remove_all(all[i].second);
-    else
+    if (why.empty()) {
+      // Out of sight first (durably), then removed: a crash mid-removal leaves step_N.deleting,
+      // never a step_N missing files (which the next start would take for a damaged checkpoint).
+      const std::string aside = all[i].second + kDeleteSuffix;
+      if (auto err = files::try_rename(all[i].second, aside); !err.empty()) throw Error("cannot remove an old checkpoint: " + err);
+      files::fsync_dir(ckpt_dir_);
+      files::remove_all(aside);
+    } else
       quarantine(all[i].second, why);
   }
 }
