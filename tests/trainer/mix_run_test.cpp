@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "data/format/manifest.h"
 #include "tests/testutil.h"
+#include "tests/trainer/dataset_copy.h"
 
 namespace lm {
 namespace {
@@ -21,18 +22,6 @@ void expect_one_line_exit_2(const test::RunResult& r, const std::string& needle)
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-}
-
-// A copy of the shared bytes dataset whose manifest claims another tokenizer.
-std::string other_tokenizer_copy(const std::string& dir) {
-  const std::string src = test::shared_bytes_dataset();
-  files::make_dirs(dir);
-  data::Manifest m = data::Manifest::load(src);
-  for (const auto& s : m.shards) test::write_text(dir + "/" + s.file, test::read_text(src + "/" + s.file));
-  m.tokenizer.hash = hex64(xxh64("other", 5));
-  m.data_version = data::compute_data_version(m.shards, m.tokenizer.hash);
-  files::write_file_atomic(dir + "/manifest.json", m.to_json());
-  return dir;
 }
 
 std::vector<std::string> mix_args(const std::string& run, const std::string& sources, std::vector<std::string> extra = {}) {
@@ -46,7 +35,7 @@ std::vector<std::string> mix_args(const std::string& run, const std::string& sou
 
 TEST(MixRunTest, BadMixturesExit2WithOneLine) {
   TempDir tmp;
-  const std::string data = test::shared_bytes_dataset(), other = other_tokenizer_copy(tmp / "other");
+  const std::string data = test::shared_bytes_dataset(), other = test::other_tokenizer_copy(data, tmp / "other");
   const std::string two = "[{name: a, path: " + data + "}, {name: b, path: " + other + "}]";
   expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r1", two)), "source 'b'");
   expect_one_line_exit_2(test::run_bin("trainer", mix_args(tmp / "r2", "[{name: a, path: " + tmp / "missing" + "}]")),

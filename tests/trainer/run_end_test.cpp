@@ -20,12 +20,14 @@
 #include "common/files.h"
 #include "data/format/manifest.h"
 #include "tests/testutil.h"
+#include "tests/trainer/dataset_copy.h"
 
 namespace lm {
 namespace {
 
 namespace fs = std::filesystem;
 using test::TempDir;
+using test::other_tokenizer_copy;
 
 // Every file under dir (but the log and the lock, which a refused start may open) -> its bytes.
 std::map<std::string, std::string> snapshot(const std::string& dir) {
@@ -59,17 +61,6 @@ std::vector<std::string> args(const std::string& run, std::vector<std::string> e
                                 "eval.batches=0", "train.threads=1", "model.seq_len=32", "train.micro_batch_size=8"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
-}
-
-// A copy of `src` (a prepared dataset) whose manifest claims another tokenizer.
-std::string other_tokenizer_copy(const std::string& src, const std::string& dir) {
-  files::make_dirs(dir);
-  data::Manifest m = data::Manifest::load(src);
-  for (const auto& s : m.shards) test::write_text(dir + "/" + s.file, test::read_text(src + "/" + s.file));
-  m.tokenizer.hash = hex64(xxh64("other", 5));
-  m.data_version = data::compute_data_version(m.shards, m.tokenizer.hash);
-  files::write_file_atomic(dir + "/manifest.json", m.to_json());
-  return dir;
 }
 
 int64_t meta_exit_code(const std::string& run) {
