@@ -81,6 +81,13 @@ int64_t matmul_params(const ModelConfig& c, int64_t vocab) {
   return L * (2 * d * d + 2 * d * kv + 3 * d * h) + vocab * d;  // wq wo, wk wv, w1 w2 w3; the head
 }
 
+double saved_activations_per_token_layer(const ModelConfig& c) {
+  const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.n_head), T = static_cast<double>(c.seq_len);
+  if (c.arch == "gpt") return 34 * d + 5 * H * T;
+  const double kv = static_cast<double>(kv_heads(c) * (c.d_model / c.n_head)), F = static_cast<double>(ffn_hidden(c));
+  return 12 * d + 4 * kv + 8 * F + 2 * H * T;
+}
+
 double flops_per_token(const ModelConfig& c, int64_t vocab, int64_t context) {
   return 6.0 * static_cast<double>(matmul_params(c, vocab)) +
          12.0 * static_cast<double>(c.n_layer * c.d_model) * static_cast<double>(context);

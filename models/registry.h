@@ -31,6 +31,12 @@ int64_t ffn_hidden(const ModelConfig& c);
 
 // Unique parameters of the module (a tied head counted once) for a padded vocabulary.
 int64_t param_count(const ModelConfig& c, int64_t vocab);
+// Activations saved for the backward pass per token and layer at context model.seq_len, in
+// Korthikanti et al.'s 16-bit units (the memory check's estimate). gpt: 34d + 5HT (attention 11d +
+// 5HT, MLP of 4d 19d, LayerNorms 4d). llama: attention 6d + 4 kv width (norm input to the
+// projections, q, k, v, the output projection's input), the SwiGLU MLP 2d + 8F (input; w1, w3,
+// silu and product of width F), RMSNorms 4d, scores 2HT (softmax, no dropout).
+double saved_activations_per_token_layer(const ModelConfig& c);
 // Training (forward + backward) matmul FLOPs per token at context length `context`, the MFU
 // numerator: 6 x the weights a token multiplies through (matmul_params) + 12*L*d*context for QK^T
 // and AV (PaLM appendix B, matmuls only: embedding lookups, norms, biases, activations and softmax

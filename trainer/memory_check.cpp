@@ -10,24 +10,14 @@ namespace lm {
 
 MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
   const ModelConfig& m = cfg.model;
-  const double d = static_cast<double>(m.d_model), L = static_cast<double>(m.n_layer);
-  const double T = static_cast<double>(m.seq_len), H = static_cast<double>(m.n_head);
+  const double L = static_cast<double>(m.n_layer), T = static_cast<double>(m.seq_len);
   const double V = static_cast<double>(vocab), B = static_cast<double>(cfg.train.micro_batch_size);
   const double n = static_cast<double>(param_count(m, vocab));  // what the module builds, per architecture
-  // Saved activations per token and layer, in Korthikanti et al.'s 16-bit units: gpt 34d + 5HT
-  // (attention 11d + 5HT, MLP of 4d 19d, LayerNorms 4d). llama: attention 6d + 4 kv width (norm
-  // input to the projections, q, k, v, the output projection's input), the SwiGLU MLP 2d + 8F
-  // (input; w1, w3, silu and product of width F), RMSNorms 4d, scores 2HT (softmax, no dropout).
-  double per_token_layer = 34 * d + 5 * H * T;
-  if (m.arch == "llama") {
-    const double kv = static_cast<double>(kv_heads(m) * (m.d_model / m.n_head)), F = static_cast<double>(ffn_hidden(m));
-    per_token_layer = 12 * d + 4 * kv + 8 * F + 2 * H * T;
-  }
   MemoryEstimate e;
   e.params = 4 * n;
   e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
   const double value_bytes = cfg.train.bf16() ? 2 : 4;
-  e.activations = L * B * T * per_token_layer * value_bytes + 3 * B * T * V * 4;
+  e.activations = L * B * T * saved_activations_per_token_layer(m) * value_bytes + 3 * B * T * V * 4;
   if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
   return e;
 }
