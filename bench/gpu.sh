@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# The GPU check, ONE device run of at most 10 minutes. Phases, each under a time
-# limit, the headline comparison first (a run cut short by the limit still has it):
+# The GPU check, ONE device run of at most 10 minutes. Phases, each under a time limit, the most
+# informative first (a run cut short by the limit still has them):
 #   build    trainer + prep only against pip LibTorch 2.x + CUDA (launch/gpu-build.sh; every
 #            compile error of the run shown, ninja -k 0)
-#   speed    GPT-2 124M (micro-batch 16 x 1024, bf16) from real shards through the streaming loader,
-#            reading step results at once and one step late
-#   peer     bench/peers/gpt_torch.py, same shape: eager, then
-#            torch.compile
-#   smoke    4-layer GPT-2 shape, 40 steps: loss finite and falling; a run stopped at 25 and resumed
-#            follows the uninterrupted one (same pinned cosine schedule); step results read one step
-#            late (anomaly.spike_factor=0) follow a run that reads them at once; one rank with an
-#            NCCL process group (dist.backend=nccl at world size 1: the all-reduce path runs)
-#   tests    trainer_tests' and models_tests' CUDA cases (fused AdamW vs CPU) and the TensorBoard Python cross-check
+#   A/B      GPT-2 124M (micro-batch 16 x 1024, bf16) from real shards through the streaming loader,
+#            $STEPS steps per variant, the first window (start-up) left out of each mean:
+#              all_on    every switch of the GPU step on (train.fused_loss, optim.free_grads,
+#                        optim.clip_in_step): the candidate defaults
+#              all_off   today's step (each switch off)
+#              no_<sw>   all_on with one switch off (what that switch alone is worth)
+#              residual  all_on + train.bf16_residual=true (numerics differ: see parity)
+#            and the peer (bench/peers/gpt_torch.py, same shape) in eager and torch.compile mode,
+#            interleaved so that the first minutes already hold all_on vs both peers
+#   traces   Kineto traces (log.profile_steps) of all_on and all_off, and torch.profiler traces of
+#            the peer (eager, compile): RUN/profile/*.trace.json + *.top.json (top kernels by GPU time)
+#   parity   train.bf16_residual on vs off, 4 layers at the 124M width, 300 steps: the loss curves
+#   smoke    4 layers, 40 steps: loss finite and falling; a run stopped at 25 and resumed follows the
+#            uninterrupted one; step results read one step late follow a run that reads them at once;
+#            one rank with an NCCL process group (dist.backend=nccl at world size 1)
+#   tests    trainer_tests' and models_tests' CUDA cases and the TensorBoard Python cross-check
 # Every result lands in $OUT/gpu_results.tar.gz (written to a temporary name and renamed after each
-# phase, so a run cut short still returns a whole archive); result.json sums it up and is printed. Exit 1 when the build or
-# the smoke failed.
+# phase, so a run cut short still returns a whole archive); result.json sums it up (tokens/s per
+# variant, each switch's worth, ratios to the peer, top kernels side by side, the defaults the
+# numbers pick) and is printed. Exit 1 when the build or the smoke failed.
 # usage (on the GPU machine; launch/gpu-deps.sh ran here first and .deps/ is carried):
-#   bash bench/gpu.sh          env: STEPS (60), BUDGET_S (570), GPU_TESTS (1)
+#   bash bench/gpu.sh          env: STEPS (50), BUDGET_S (570), GPU_TESTS (1)
+# A dry run of the script's own logic on a CPU (tiny shapes, no build, no tests; the LibTorch 2.6
+# environment has every switch and torch.compile):
+#   bash launch/torch2.sh shell env GPU_DRY=1 BIN=build-torch2/bin KJV=/tmp/kjv.txt bash bench/gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
 R=$(mktemp -d /tmp/gpu_results.XXXX)  # results before packing
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-50}
 BUDGET_S=${BUDGET_S:-570}
 T0=$(date +%s)
 mkdir -p "$OUT"
@@ -40,7 +51,15 @@ run() {
 }
 export LD_LIBRARY_PATH="${DEPS:-/opt/deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 B=build-gpu/bin
+KJV=${KJV:-.deps/kjv.txt}
+SHAPE=() PSHAPE=()  # extra trainer overrides / peer arguments (the dry run's tiny shapes)
+if [ "${GPU_DRY:-0}" = 1 ]; then
+  B=${BIN:-build/bin} GPU_TESTS=0
+  SHAPE=(train.device=cpu model.n_layer=2 model.d_model=64 model.n_head=2 model.seq_len=64 train.micro_batch_size=2)
+  PSHAPE=(--device cpu --layers 2 --dim 64 --heads 2 --seq 64 --vocab 320 --batch 2)
+fi
 
+if [ "${GPU_DRY:-0}" = 1 ]; then log "dry run: $B, tiny shapes on the CPU"; else
 log "build (trainer, prep)"
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
 build() { run 300 build env NINJA_JOBS=16 LM_BUILD_TESTS="$1" TARGETS="trainer prep" bash launch/gpu-build.sh; }
@@ -53,32 +72,64 @@ if ! build "$([ "${GPU_TESTS:-1}" = 1 ] && echo ON || echo OFF)"; then
   fi
   [ $built = 1 ] || { grep -m 40 -E "error|FAILED" "$R/build.log"; tail -15 "$R/build.log"; pack; exit 1; }
 fi
+fi
 pack
 
 log "data: the King James Bible, bytes tokenizer (the 124M shape pads vocab_size 50257 to 50304)"
 rm -rf shards/kjv_bytes
-run 60 prep $B/prep .deps/kjv.txt --out shards/kjv_bytes --tokenizer bytes --quiet
+run 60 prep $B/prep "$KJV" --out shards/kjv_bytes --tokenizer bytes --quiet
 
-log "speed: trainer, GPT-2 124M, 16 x 1024, bf16, $STEPS steps (immediate, then deferred step reads)"
-speed=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes train.max_steps=$STEPS log.every_steps=10 eval.batches=0
+# The switches of the GPU step (issue 28); each variant names all of them, so a default never decides.
+ALL_ON=(train.fused_loss=on optim.free_grads=on optim.clip_in_step=on)
+ALL_OFF=(train.fused_loss=off optim.free_grads=off optim.clip_in_step=off)
+speed=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes log.every_steps=10 eval.batches=0
        checkpoint.every_steps=0 checkpoint.keep_last=1)
-for mode in immediate deferred; do
-  rm -rf runs/gpu_124m
-  extra=(); [ $mode = deferred ] && extra=(anomaly.spike_factor=0)
-  run 120 "trainer_$mode" $B/trainer "${speed[@]}" "${extra[@]}" run.dir=runs/gpu_124m
-  for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_124m/$f" "$R/${mode}_$f" 2>/dev/null; done
-  rm -rf runs/gpu_124m
+# trainer NAME LIMIT OVERRIDES...: one 124M run; its records (and profile/, if any) as $R/NAME_*.
+trainer() {
+  local name=$1 limit=$2; shift 2
+  rm -rf "runs/gpu_$name"
+  run "$limit" "trainer_$name" $B/trainer "${speed[@]}" train.max_steps=$STEPS "$@" "${SHAPE[@]}" run.dir="runs/gpu_$name"
+  for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_$name/$f" "$R/${name}_$f" 2>/dev/null; done
+  [ -d "runs/gpu_$name/profile" ] && mkdir -p "$R/traces" &&
+    for f in "runs/gpu_$name"/profile/*; do cp "$f" "$R/traces/trainer_${name}.${f##*.rank0.}"; done
+  rm -rf "runs/gpu_$name"
   pack
-done
-
+}
 PEER=bench/peers/gpt_torch.py
-log "peer: eager"
-run 120 peer_eager python3 $PEER --steps 30 --warmup 10 --grad-clip 1.0
-pack
+peer() {  # peer NAME LIMIT ARGS...
+  local name=$1 limit=$2; shift 2
+  run "$limit" "$name" python3 $PEER --steps 30 --warmup 10 --grad-clip 1.0 "$@" "${PSHAPE[@]}"
+  pack
+}
 
-log "peer: torch.compile (the time that is left)"
-run 180 peer_compile python3 $PEER --steps 30 --warmup 10 --grad-clip 1.0 --compile
+log "A/B: all switches on; the peer in eager mode; all off (today's step); the peer compiled"
+trainer all_on 90 "${ALL_ON[@]}"
+peer peer_eager 90
+trainer all_off 90 "${ALL_OFF[@]}"
+mkdir -p "$R/traces"
+peer peer_compile 180 --compile --trace "$R/traces"
 
+log "traces: Kineto of all_on and all_off (steps 21-23), torch.profiler of the peer in eager mode"
+STEPS=25 trainer trace_all_on 90 "${ALL_ON[@]}" log.profile_steps=21-23
+STEPS=25 trainer trace_all_off 90 "${ALL_OFF[@]}" log.profile_steps=21-23
+peer peer_eager_trace 90 --trace "$R/traces"
+
+log "A/B: each switch off alone; the bf16 residual stream on top"
+trainer no_fused_loss 90 "${ALL_ON[@]}" train.fused_loss=off
+trainer no_free_grads 90 "${ALL_ON[@]}" optim.free_grads=off
+trainer no_clip_in_step 90 "${ALL_ON[@]}" optim.clip_in_step=off
+trainer residual 90 "${ALL_ON[@]}" train.bf16_residual=true
+
+log "parity: train.bf16_residual on vs off, 4 layers, 300 steps (the loss curves)"
+parity=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes model.n_layer=4 train.max_steps=300 log.every_steps=25
+        eval.batches=0 checkpoint.every_steps=0 checkpoint.keep_last=1 schedule.warmup_steps=30
+        schedule.decay_steps=300 "${ALL_ON[@]}")
+for res in false true; do
+  rm -rf "runs/gpu_parity_$res"
+  run 90 "parity_$res" $B/trainer "${parity[@]}" train.bf16_residual=$res "${SHAPE[@]}" run.dir="runs/gpu_parity_$res"
+  cp "runs/gpu_parity_$res/metrics.jsonl" "$R/parity_${res}_metrics.jsonl" 2>/dev/null
+  rm -rf "runs/gpu_parity_$res"
+done
 pack
 
 log "smoke: 4 layers, 40 steps; stopped at 25 and resumed; deferred vs immediate step reads"
@@ -86,11 +137,11 @@ common=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes model.n_layer=4 train
         eval.batches=0 checkpoint.every_steps=10 checkpoint.keep_last=1 schedule.warmup_steps=10
         schedule.decay_steps=40)
 rm -rf runs/gpu_smoke_*
-run 90 smoke_a $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_a
-run 90 smoke_b1 $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b train.max_steps=25
-run 90 smoke_b2 $B/trainer "${common[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b
-run 90 smoke_c $B/trainer "${common[@]}" run.dir=runs/gpu_smoke_c
-run 90 smoke_nccl $B/trainer "${common[@]}" dist.backend=nccl train.max_steps=10 run.dir=runs/gpu_smoke_n
+run 90 smoke_a $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_a
+run 90 smoke_b1 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b train.max_steps=25
+run 90 smoke_b2 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b
+run 90 smoke_c $B/trainer "${common[@]}" "${SHAPE[@]}" run.dir=runs/gpu_smoke_c
+run 90 smoke_nccl $B/trainer "${common[@]}" "${SHAPE[@]}" dist.backend=nccl train.max_steps=10 run.dir=runs/gpu_smoke_n
 for d in a b c; do
   for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_smoke_$d/$f" "$R/smoke_${d}_$f" 2>/dev/null; done
 done
@@ -133,44 +184,13 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
   log "tests: trainer_tests and models_tests OptimCuda.*, Optim.*, Device.*; tensorboard_tests *Python*"
   if run 150 tests_build env NINJA_JOBS=16 TARGETS="trainer_tests models_tests tensorboard_tests" bash launch/gpu-build.sh; then
     run 60 trainer_tests $B/trainer_tests --gtest_filter='OptimCuda.*:Optim.*:Device.*'
-    run 60 models_tests $B/models_tests --gtest_filter='Optim.*'
+    run 60 models_tests $B/models_tests --gtest_filter='Optim.*:HeadLoss*:*Sdpa*'
     run 60 tensorboard_tests $B/tensorboard_tests --gtest_filter='*Python*'
   fi
   pack
 fi
 
-python3 - "$R" <<'PY' | tee "$R/result.json"
-import json, sys
-r = sys.argv[1]
-def load(path):  # the last JSON object line of a file (stderr is mixed into the logs)
-    try: lines = open(f"{r}/{path}").read().splitlines()
-    except OSError: return None
-    for line in reversed(lines):
-        if line.startswith("{"):
-            try: return json.loads(line)
-            except ValueError: pass
-    return None
-out = {"smoke": load("smoke.json")}
-for mode in ("immediate", "deferred"):
-    try: recs = [json.loads(l) for l in open(f"{r}/{mode}_metrics.jsonl")]
-    except OSError: continue
-    recs = [x for x in recs if x.get("kind") == "train"][1:]  # the first window holds start-up
-    if not recs: continue
-    mfu = [x["mfu_pct"] for x in recs if x.get("mfu_pct") is not None]
-    out[f"trainer_{mode}"] = {"tokens_per_s": round(sum(x["tokens_per_s"] for x in recs) / len(recs)),
-                              "step_ms": round(sum(x["step_ms"] for x in recs) / len(recs), 2),
-                              "mfu_pct": round(sum(mfu) / len(mfu), 1) if mfu else None,
-                              "data_wait_pct": round(sum(x["data_wait_pct"] for x in recs) / len(recs), 3)}
-for name in ("peer_eager", "peer_compile"):
-    p = load(f"{name}.log")
-    if p: out[name] = {k: p.get(k) for k in ("tokens_per_s", "step_ms", "mfu_pct")}
-for mode in ("immediate", "deferred"):
-    t = out.get(f"trainer_{mode}")
-    for peer in ("peer_eager", "peer_compile"):
-        if t and out.get(peer) and out[peer].get("tokens_per_s"):
-            t[f"vs_{peer}"] = round(t["tokens_per_s"] / out[peer]["tokens_per_s"], 3)
-print(json.dumps(out, indent=1))
-PY
+python3 bench/gpu_summary.py "$R" | tee "$R/result.json"
 log "done"
 pack
 [ "$SMOKE_OK" = 1 ] || { echo "SMOKE FAILED: see smoke.json" >&2; exit 1; }
