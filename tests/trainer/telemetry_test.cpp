@@ -205,7 +205,9 @@ TEST_F(TelemetryE2E, ProfilerTraceOfChosenSteps) {
     names.insert(name);
     if (name.rfind("aten::", 0) != 0) continue;
     ++ops;
-    if (compat::kHasKineto) EXPECT_EQ(ev.value("cat", ""), "cpu_op") << name;
+    if (compat::kHasKineto) {
+      EXPECT_EQ(ev.value("cat", ""), "cpu_op") << name;
+    }
     matmul |= (name == "aten::mm" || name == "aten::addmm" || name == "aten::linear") && ev.value("dur", 0.0) > 0;
   }
   EXPECT_GT(ops, 50u);
