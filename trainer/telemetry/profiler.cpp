@@ -175,7 +175,7 @@ void StepProfiler::after_step(int64_t step_done) {
 
 void StepProfiler::finish() {
   const auto t0 = clock::Steady::now();
-  const bool cuda = device_.is_cuda();
+  const bool cuda = compat::kHasKineto && device_.is_cuda();  // the legacy recorder has CPU ops only
   std::vector<ProfiledEvent> events;
   if (compat::kHasKineto) {
     synchronize(device_);  // the range's kernels have run (as torch.profiler does on exit)
