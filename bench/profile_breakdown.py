@@ -1,7 +1,10 @@
 """Where a CPU training step's time goes, from a trainer Chrome trace (log.profile_steps).
 
 usage: /usr/bin/python3 bench/profile_breakdown.py TRACE STEPS STEP_MS FLOPS_PER_STEP ROOF_FLOPS
-  TRACE           RUN_DIR/profile/steps_A-B.rank0.trace.json (LibTorch's profiler, one event per op)
+  TRACE           RUN_DIR/profile/steps_A-B.rank0.trace.json (LibTorch's profiler, one event per op):
+                  the legacy recorder's event array (LibTorch 1.13) or Kineto's {"traceEvents": ...}
+                  (2.x), of which the CPU ops are read (category cpu_op or user_annotation; Kineto's
+                  own spans, such as "PyTorch Profiler (0)", and GPU or runtime events are left out)
   STEPS           steps the trace covers (B - A + 1)
   STEP_MS         the step time measured without the profiler (its own overhead is left out)
   FLOPS_PER_STEP  matmul FLOPs of one step (the trainer's FLOPs/token x tokens per step)
@@ -31,6 +34,9 @@ CATEGORIES = [  # first match wins; names are LibTorch op names without "aten::"
                      "narrow", "unsafe_split", "stack", "cat", "to", "_to_copy", "detach", "alias",
                      "unbind", "resize_", "set_", "sum_to_size")),
 ]
+
+# The CPU ops of a trace: the legacy recorder's events have no category, Kineto's have these.
+CPU_OP_CATEGORIES = ("cpu_op", "user_annotation")
 
 
 def category(name):
@@ -75,7 +81,8 @@ def self_times(events):
 def main():
     trace, steps, step_ms, flops, roof = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
     data = json.load(open(trace))
-    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data)
+              if e.get("ph") == "X" and e.get("cat", "cpu_op") in CPU_OP_CATEGORIES]
     selfs = self_times(events)
     span_us = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
     per_cat = collections.Counter()

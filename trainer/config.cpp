@@ -195,7 +195,8 @@ void describe_telemetry(Schema& s, ExperimentConfig& c) {
   s.number("log.long_window_s", &c.log.long_window_s, "seconds per long-window aggregate (mean/min/max tokens/s and MFU)",
            0, true);
   s.boolean("log.tensorboard", &c.log.tensorboard, "write a TensorBoard event file in run.dir");
-  s.text("log.profile_steps", &c.log.profile_steps, "A-B: a Chrome trace of steps A..B in RUN_DIR/profile/; empty = off",
+  s.text("log.profile_steps", &c.log.profile_steps,
+         "A-B: a Chrome trace of steps A..B and its top ops or GPU kernels (top.json) in RUN_DIR/profile/; empty = off",
          "A-B (1 <= A <= B) or empty");
 
   s.number("anomaly.spike_factor", &c.anomaly.spike_factor, "a loss above this times its running mean is a spike; 0 = off",

@@ -130,6 +130,27 @@ inline void set_autocast(const torch::Device& device, bool enabled, at::ScalarTy
 // reuse copies of weights the optimizer has since changed).
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
+// The Kineto profiler (torch/csrc/autograd/profiler_kineto.h: prepareProfiler, enableProfiler,
+// disableProfiler -> ProfilerResult). 1.13's headers and library have the API too, but Debian's 1.13
+// is built without libkineto (its save() writes no trace), so there the legacy recorder runs.
+constexpr bool kHasKineto = LM_TORCH_AT_LEAST(2, 0);
+// A KinetoEvent's start and duration in ns: startNs()/durationNs() in newer 2.x, startUs()/durationUs()
+// before (1.13, 2.0). Templates, so this header needs no profiler header.
+namespace kineto_detail {
+template <class E>
+auto start_ns(const E& e, int) -> decltype(uint64_t(e.startNs())) { return e.startNs(); }
+template <class E>
+uint64_t start_ns(const E& e, long) { return uint64_t(e.startUs()) * 1000; }
+template <class E>
+auto duration_ns(const E& e, int) -> decltype(uint64_t(e.durationNs())) { return e.durationNs(); }
+template <class E>
+uint64_t duration_ns(const E& e, long) { return uint64_t(e.durationUs()) * 1000; }
+}  // namespace kineto_detail
+template <class KinetoEvent>
+uint64_t event_start_ns(const KinetoEvent& e) { return kineto_detail::start_ns(e, 0); }
+template <class KinetoEvent>
+uint64_t event_duration_ns(const KinetoEvent& e) { return kineto_detail::duration_ns(e, 0); }
+
 constexpr bool kHasFusedAdamW = LM_TORCH_AT_LEAST(2, 1);
 // at::_fused_adamw_ has a CPU kernel from 2.4 on (aten/src/ATen/native/FusedAdam.cpp).
 constexpr bool kHasCpuFusedAdamW = LM_TORCH_AT_LEAST(2, 4);

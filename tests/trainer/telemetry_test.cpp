@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
+#include "common/torch/compat.h"
 #include "tests/testutil.h"
 #include "trainer/telemetry/tensorboard.h"
 
@@ -179,15 +181,61 @@ TEST_F(TelemetryE2E, AnomalyEvidenceAndSkippedUpdate) {
   EXPECT_EQ(read_json(stop / "meta.json")["status"], "failed");
 }
 
+// log.profile_steps=2-3: the Chrome trace of steps 2..3 holds their ops (Kineto's trace where
+// LibTorch has it, else the legacy recorder's event array), and top.json the CPU ops that took the
+// time: sorted by time, shares of at most 100% together, names that occur in the trace.
 TEST_F(TelemetryE2E, ProfilerTraceOfChosenSteps) {
   TempDir run;
-  ASSERT_EQ(train(run.path(), {"train.max_steps=5", "log.profile_steps=2-3"}).exit_code, 0);
+  auto r = train(run.path(), {"train.max_steps=5", "log.profile_steps=2-3"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   auto trace = json::parse(test::read_text(run / "profile/steps_2-3.rank0.trace.json"));
-  ASSERT_TRUE(trace.is_array());
-  EXPECT_GT(trace.size(), 50u);
+  json events = trace;
+  if (compat::kHasKineto) {  // Kineto's format: {"traceEvents": [...], "deviceProperties": ...}, ops "cpu_op"
+    ASSERT_TRUE(trace.is_object());
+    EXPECT_TRUE(trace.contains("deviceProperties"));
+    events = trace["traceEvents"];
+  }
+  ASSERT_TRUE(events.is_array());
+  std::set<std::string> names;
+  size_t ops = 0;
   bool matmul = false;
-  for (auto& ev : trace) matmul |= ev.value("name", "").find("mm") != std::string::npos;
+  for (auto& ev : events) {
+    if (ev.value("ph", "") != "X") continue;
+    const std::string name = ev.value("name", "");
+    names.insert(name);
+    if (name.rfind("aten::", 0) != 0) continue;
+    ++ops;
+    if (compat::kHasKineto) {
+      EXPECT_EQ(ev.value("cat", ""), "cpu_op") << name;
+    }
+    matmul |= (name == "aten::mm" || name == "aten::addmm" || name == "aten::linear") && ev.value("dur", 0.0) > 0;
+  }
+  EXPECT_GT(ops, 50u);
   EXPECT_TRUE(matmul);
+  auto top = read_json(run / "profile/steps_2-3.rank0.top.json");
+  EXPECT_EQ(top["device"], "cpu");
+  EXPECT_EQ(top["steps"], json::array({2, 3}));
+  EXPECT_NE(top["window"].get<std::string>().find("self time"), std::string::npos);
+  const double total = top["total_us"].get<double>();
+  ASSERT_FALSE(top["top"].empty());
+  EXPECT_LE(top["top"].size(), 30u);
+  double pct = 0, prev = total;
+  for (auto& t : top["top"]) {
+    const std::string name = t["name"];
+    EXPECT_TRUE(names.count(name)) << name;
+    EXPECT_GE(t["calls"].get<int64_t>(), 1) << name;
+    EXPECT_LE(t["total_us"].get<double>(), prev) << name;  // sorted, the largest first
+    prev = t["total_us"].get<double>();
+    EXPECT_NEAR(t["pct"].get<double>(), 100 * prev / total, 0.02) << name;
+    pct += t["pct"].get<double>();
+  }
+  EXPECT_GT(top["top"][0]["total_us"].get<double>(), 0);
+  EXPECT_LE(pct, 100.0);
+  EXPECT_GT(pct, 50.0);
+  EXPECT_NE(r.out.find(std::string("profile: steps 2-3 in ") + (run / "profile/steps_2-3.rank0.trace.json")),
+            std::string::npos) << r.out;
+  for (auto& f : std::filesystem::directory_iterator(run / "profile"))  // no temp file left
+    EXPECT_EQ(f.path().string().find(".tmp."), std::string::npos) << f.path();
   EXPECT_EQ(train(run.path() + "_bad", {"log.profile_steps=3-1"}).exit_code, 2);
 }
 
