@@ -239,6 +239,18 @@ TEST_F(TelemetryE2E, ProfilerTraceOfChosenSteps) {
   EXPECT_EQ(train(run.path() + "_bad", {"log.profile_steps=3-1"}).exit_code, 2);
 }
 
+// A trace that cannot be written costs the trace, not the run: a warning, the run goes on to its end.
+TEST_F(TelemetryE2E, AnUnwritableTraceDoesNotStopTheRun) {
+  TempDir run;
+  std::filesystem::create_directories(run / "profile/steps_2-3.rank0.trace.json/blocked");  // rename target: a dir
+  auto r = train(run.path(), {"train.max_steps=5", "log.profile_steps=2-3"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("profile: steps 2-3 not written: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("done: 5 steps"), std::string::npos) << r.out;
+  for (auto& f : std::filesystem::directory_iterator(run / "profile"))  // no temp file left
+    EXPECT_EQ(f.path().string().find(".tmp."), std::string::npos) << f.path();
+}
+
 }  // namespace
 }  // namespace lm
 

@@ -170,7 +170,15 @@ void StepProfiler::before_step(int64_t step) {
 }
 
 void StepProfiler::after_step(int64_t step_done) {
-  if (rec_ && step_done == to_) finish();
+  if (!rec_ || step_done != to_) return;
+  try {  // a trace that cannot be written costs the trace, never the run
+    finish();
+  } catch (const std::exception& e) {
+    rec_.reset();
+    ::unlink((path_ + strf(".tmp.%d", (int)::getpid())).c_str());
+    log::warn(strf("profile: steps %lld-%lld not written: %s; training goes on", (long long)from_, (long long)to_,
+                   e.what()));
+  }
 }
 
 void StepProfiler::finish() {
