@@ -12,7 +12,8 @@ namespace lm {
 
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
                              RngStreams& rng, int rank, int world) {
-  const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world);  // refused before any allocation
+  // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
+  const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
   ModelParts m;
   rng.seed_shared(seed);  // identical init on every rank

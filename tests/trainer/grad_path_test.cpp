@@ -292,7 +292,18 @@ TEST(GradPath, OnWithoutTheFusedAdamWIsRefusedInOneLine) {
     auto r = gp_run_trainer(run.path(), {"train.max_steps=2", std::string(key) + "=on"});
     SCOPED_TRACE(key);
     expect_one_line_refusal(r, key, run.path());
+    EXPECT_NE(r.out.find("on needs the fused AdamW"), std::string::npos) << r.out;
   }
+}
+
+// One rank in a process group (dist.backend named) all-reduces the flat buffer as two would.
+TEST(GradPath, FreeGradsWithAProcessGroupAtWorldSizeOneIsRefused) {
+  TempDir run;
+  auto r = gp_run_trainer(run.path(), {"train.max_steps=2", "optim.free_grads=on", "dist.backend=gloo"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("key 'optim.free_grads': on needs one rank without a process group (this run has 1, and "
+                       "dist.backend names one)"), std::string::npos) << r.out;
+  EXPECT_EQ(files_written(run.path()), "");
 }
 
 TEST(GradPath, FreeGradsOnTwoRanksIsRefused) {
@@ -310,7 +321,7 @@ TEST(GradPath, FreeGradsOnTwoRanksIsRefused) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(test::wait_proc(ranks[r], 120), 2) << test::read_text(run / ("out" + std::to_string(r)));
     const std::string out = test::read_text(run / ("out" + std::to_string(r)));
-    const std::string line = "key 'optim.free_grads': on needs one rank (this run has 2)";
+    const std::string line = "key 'optim.free_grads': on needs one rank without a process group (this run has 2)";
     EXPECT_NE(out.find(line), std::string::npos) << out;
     EXPECT_EQ(out.find(line), out.rfind(line)) << "said more than once: " << out;
   }

@@ -18,7 +18,7 @@ bool resolve_fused(const OptimConfig& cfg, bool cuda) {
   return cfg.fused == "on" || (cfg.fused == "auto" && cuda && has_kernel);
 }
 
-GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world) {
+GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group) {
   const bool fused = resolve_fused(cfg, cuda);
   auto needs_fused = [&](const char* key) {
     return ConfigError(std::string("key '") + key + "': on needs the fused AdamW, and optim.fused=" + cfg.fused +
@@ -26,11 +26,13 @@ GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world) {
                        (cuda ? "CUDA" : "CPU") + "); use auto or off");
   };
   GradPath path;
-  if (cfg.free_grads == "on" && world > 1)
-    throw ConfigError("key 'optim.free_grads': on needs one rank (this run has " + std::to_string(world) +
+  const bool grad_sync = world > 1 || process_group;  // the flat buffer's buckets are all-reduced
+  if (cfg.free_grads == "on" && grad_sync)
+    throw ConfigError("key 'optim.free_grads': on needs one rank without a process group (this run has " +
+                      std::to_string(world) + (world > 1 ? "" : ", and dist.backend names one") +
                       "): data parallelism all-reduces the flat gradient buffer; use auto or off");
   if (cfg.free_grads == "on" && !fused) throw needs_fused("optim.free_grads");
-  path.free_grads = cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && world == 1);
+  path.free_grads = cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && !grad_sync);
   if (cfg.clip_in_step == "on" && !fused) throw needs_fused("optim.clip_in_step");
   path.clip_in_step = cfg.clip_in_step == "on" || (cfg.clip_in_step == "auto" && cuda && fused);
   return path;

@@ -31,11 +31,12 @@ struct GradPath {
 // Whether AdamW steps through at::_fused_adamw_ (optim.fused) for parameters on CUDA or the CPU.
 // Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel there.
 bool resolve_fused(const OptimConfig& cfg, bool cuda);
-// optim.free_grads and optim.clip_in_step for a run of `world` ranks: auto = on for CUDA where the
-// fused AdamW runs (free_grads: and world is 1). Throws ConfigError naming the key when it is "on"
-// without the fused AdamW, or (free_grads) with world > 1, whose all-reduce buckets are ranges of
-// the flat gradient buffer; and naming optim.fused as resolve_fused does.
-GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world);
+// optim.free_grads and optim.clip_in_step for a run of `world` ranks (process_group: one is made at
+// world size 1 too, dist.backend named): auto = on for CUDA where the fused AdamW runs (free_grads:
+// and without a process group). Throws ConfigError naming the key when it is "on" without the fused
+// AdamW, or (free_grads) with a process group, whose all-reduce buckets are ranges of the flat
+// gradient buffer; and naming optim.fused as resolve_fused does.
+GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group = false);
 
 class FlatParams {
  public:
