@@ -93,96 +93,108 @@ int64_t max_ulps_all(Trained& x, Trained& y) {
 // (a) Free gradients (undefined between steps, assigned by the first backward, summed by the second
 // with grad_accum 2) through the fused AdamW on one list entry per parameter: bit-equal to the flat
 // path without clipping (the same gradients in the same elementwise kernel; the flat buffer's
-// zeros add nothing). With clipping the norm is taken another way (_foreach_norm's per-tensor
-// norms, then their norm, against one norm over the flat buffer), so the coefficient, and with it
-// every weight, may differ by float rounding: measured and bounded below.
+// zeros add nothing) and with clipping not active. With clipping active the norm is taken another
+// way (_foreach_norm's per-tensor norms, then their norm, against one norm over the flat buffer), so
+// the coefficient may differ in its last bit, and every clipped gradient with it: after one step
+// the weights and moments are within a few ulps (measured, printed); over five steps they stay
+// within 1e-6 relative (AdamW's eps raised to 1e-3 there, as in models/model_test.cpp: the key
+// bias's gradients are float noise, ~1e-10, that eps 1e-8 would turn into steps of random sign).
 // Checked to fail with FlatParams::zero_grad made a no-op on the free path (gradients summed
 // across steps: params differ from step 2 on).
 TEST(GradPath, FreeGradsMatchTheFlatPathOnARealModel) {
   if (auto why = needs_cpu_fused_adamw(); !why.empty()) GTEST_SKIP() << why;
-  for (int accum : {1, 2}) {
-    Trained flat(optim("off", "off", 0.0)), freeg(optim("on", "off", 0.0));
-    ASSERT_FALSE(flat.flat->path().free_grads);
-    ASSERT_TRUE(freeg.flat->path().free_grads);
-    ASSERT_TRUE(freeg.grads_undefined()) << "free gradients start undefined";
-    EXPECT_THROW(freeg.flat->grads(), c10::Error) << "no flat gradient buffer on the free path";
-    for (int k = 0; k < 5; ++k) {
-      SCOPED_TRACE("grad_accum " + std::to_string(accum) + ", step " + std::to_string(k + 1));
-      const double na = flat.step(k, accum), nb = freeg.step(k, accum);
-      EXPECT_NEAR(na, nb, 1e-6 * na);
-      EXPECT_TRUE(freeg.grads_undefined()) << "the update left gradients behind";
-      EXPECT_TRUE(torch::equal(flat.flat->params(), freeg.flat->params())) << "params: " << max_ulps_all(flat, freeg) << " ulps";
-      EXPECT_TRUE(torch::equal(flat.opt->exp_avg(), freeg.opt->exp_avg()));
-      EXPECT_TRUE(torch::equal(flat.opt->exp_avg_sq(), freeg.opt->exp_avg_sq()));
+  for (double max_norm : {0.0, 1e3}) {
+    for (int accum : {1, 2}) {
+      Trained flat(optim("off", "off", max_norm)), freeg(optim("on", "off", max_norm));
+      ASSERT_FALSE(flat.flat->path().free_grads);
+      ASSERT_TRUE(freeg.flat->path().free_grads);
+      ASSERT_TRUE(freeg.grads_undefined()) << "free gradients start undefined";
+      EXPECT_THROW(freeg.flat->grads(), c10::Error) << "no flat gradient buffer on the free path";
+      for (int k = 0; k < 5; ++k) {
+        SCOPED_TRACE("max_norm " + std::to_string(max_norm) + ", grad_accum " + std::to_string(accum) + ", step " +
+                     std::to_string(k + 1));
+        const double na = flat.step(k, accum), nb = freeg.step(k, accum);
+        EXPECT_NEAR(na, nb, 1e-6 * na);
+        EXPECT_TRUE(freeg.grads_undefined()) << "the update left gradients behind";
+        EXPECT_TRUE(torch::equal(flat.flat->params(), freeg.flat->params())) << max_ulps_all(flat, freeg) << " ulps";
+        EXPECT_TRUE(torch::equal(flat.opt->exp_avg(), freeg.opt->exp_avg()));
+        EXPECT_TRUE(torch::equal(flat.opt->exp_avg_sq(), freeg.opt->exp_avg_sq()));
+      }
+      EXPECT_EQ(freeg.opt->steps(), 5);
     }
-    EXPECT_EQ(freeg.opt->steps(), 5);
   }
   // Clipping active every step (max norm 0.05), in a pass of its own and inside the step.
   for (const char* in_step : {"off", "on"}) {
-    Trained flat(optim("off", "off", 0.05)), freeg(optim("on", in_step, 0.05));
-    int64_t worst = 0;
+    auto oc = optim("off", "off", 0.05);
+    oc.eps = 1e-3;
+    auto oc_free = oc;
+    oc_free.free_grads = "on", oc_free.clip_in_step = in_step;
+    Trained flat(oc), freeg(oc_free);
+    double worst_rel = 0;
     for (int k = 0; k < 5; ++k) {
+      SCOPED_TRACE(std::string("clip_in_step ") + in_step + ", step " + std::to_string(k + 1));
       EXPECT_GT(flat.step(k, 2), 0.05) << "clipping not active";
       freeg.step(k, 2);
-      worst = std::max(worst, max_ulps_all(flat, freeg));
-      EXPECT_TRUE(torch::allclose(flat.flat->params(), freeg.flat->params(), 1e-6, 1e-7)) << "step " << k + 1;
+      if (k == 0) {
+        const int64_t ulps = max_ulps_all(flat, freeg);
+        std::printf("free grads, clip_in_step=%s, clipping active, one step: max %lld ulps (params %lld)\n", in_step,
+                    (long long)ulps, (long long)max_ulps(flat.flat->params(), freeg.flat->params()));
+        EXPECT_LE(ulps, 4);
+      }
+      const auto& p = flat.flat->params();
+      worst_rel = std::max(worst_rel, ((p - freeg.flat->params()).abs() / p.abs().clamp_min(1e-3)).max().item<double>());
     }
-    std::printf("free grads, clip_in_step=%s, clipping active, 5 steps: max %lld ulps from the flat path\n", in_step,
-                (long long)worst);
-    EXPECT_LE(worst, 64) << "clip_in_step=" << in_step;
+    std::printf("free grads, clip_in_step=%s, clipping active, 5 steps: max relative weight difference %.3g\n", in_step,
+                worst_rel);
+    EXPECT_LE(worst_rel, 1e-6);
   }
 }
 
 // A parameter that backward does not reach keeps an undefined free gradient; the step then uses
-// zeros for it, as the flat buffer would hold (weights decay, moments decay).
+// zeros for it, as the flat buffer would hold (weights decay, moments decay): bit-equal.
 TEST(GradPath, AnUnreachedParameterStepsAsWithZeroGradients) {
   if (auto why = needs_cpu_fused_adamw(); !why.empty()) GTEST_SKIP() << why;
-  Trained flat(optim("off", "off", 1.0)), freeg(optim("on", "on", 1.0));
+  Trained flat(optim("off", "off", 1e3)), freeg(optim("on", "on", 1e3));
   for (int k = 0; k < 2; ++k) flat.step(k, 1), freeg.step(k, 1);
   for (auto* t : {&flat, &freeg}) {
     t->flat->zero_grad();  // no backward: every gradient is zero / undefined
-    clip_grad_norm(*t->flat, 1.0);
+    EXPECT_EQ(clip_grad_norm(*t->flat, 1e3).item<double>(), 0.0);
     t->opt->step(1e-2);
   }
   EXPECT_TRUE(torch::equal(flat.flat->params(), freeg.flat->params())) << max_ulps_all(flat, freeg) << " ulps";
+  EXPECT_TRUE(torch::equal(flat.opt->exp_avg(), freeg.opt->exp_avg()));
 }
 
 // (b) Clipping through grad_scale (the kernel divides by max(1, (norm + 1e-6) / max_norm)) against
-// multiplying by min(1, max_norm / (norm + 1e-6)) first: one ulp of the clipped gradient at most,
-// which the update passes on to the moments and (much damped) the weights. Where clipping is not
-// active the divisor is exactly 1: bit-equal. Checked to fail with the divisor inverted
-// (max_norm / (norm + 1e-6)): thousands of ulps.
+// multiplying by min(1, max_norm / (norm + 1e-6)) first, one step from the same weights and
+// gradients: the clipped gradient within one ulp (a product with a rounded coefficient against one
+// correctly rounded quotient), which the update passes on to the moments and, damped, the weights
+// (measured, printed). Where clipping is not active the divisor is exactly 1: bit-equal, for three
+// steps. Checked to fail with the divisor inverted (max_norm / (norm + 1e-6)).
 TEST(GradPath, ClipInStepMatchesClipThenStepWithinAnUlp) {
   if (auto why = needs_cpu_fused_adamw(); !why.empty()) GTEST_SKIP() << why;
   for (double max_norm : {0.05, 1e3}) {
     Trained a(optim("off", "off", max_norm)), b(optim("off", "on", max_norm));
     ASSERT_TRUE(b.flat->path().clip_in_step);
-    int64_t worst = 0, worst_params = 0;
-    for (int k = 0; k < 3; ++k) {
-      const double norm = a.step(k, 1);
-      EXPECT_EQ(b.step(k, 1), norm) << "the reported norm is the one before clipping";
-      EXPECT_EQ(norm > max_norm, max_norm < 1) << "norm " << norm;
-      worst = std::max(worst, max_ulps_all(a, b));
-      worst_params = std::max(worst_params, max_ulps(a.flat->params(), b.flat->params()));
+    const double norm = a.step(0, 1);
+    EXPECT_EQ(b.step(0, 1), norm) << "the reported norm is the one before clipping";
+    EXPECT_EQ(norm > max_norm, max_norm < 1) << "norm " << norm;
+    const int64_t p = max_ulps(a.flat->params(), b.flat->params()), m = max_ulps(a.opt->exp_avg(), b.opt->exp_avg()),
+                  v = max_ulps(a.opt->exp_avg_sq(), b.opt->exp_avg_sq()),
+                  g = max_ulps(a.flat->grads(), b.flat->grads());  // the kernel stores the quotient back
+    std::printf("clip_in_step, max_norm %g (clipping %s), one step: max ulps: params %lld, exp_avg %lld, exp_avg_sq "
+                "%lld, clipped gradients %lld\n", max_norm, max_norm < 1 ? "active" : "inactive", (long long)p,
+                (long long)m, (long long)v, (long long)g);
+    if (max_norm < 1) {
+      EXPECT_LE(g, 1);
+      EXPECT_LE(m, 1);
+      EXPECT_LE(v, 2);  // the gradient's ulp, squared
+      EXPECT_LE(p, 1);
+    } else {
+      for (int k = 1; k < 3; ++k) a.step(k, 1), b.step(k, 1);
+      EXPECT_EQ(max_ulps_all(a, b), 0);
     }
-    std::printf("clip_in_step, max_norm %g (clipping %s): max %lld ulps over params and moments, %lld over params\n",
-                max_norm, max_norm < 1 ? "active" : "inactive", (long long)worst, (long long)worst_params);
-    if (max_norm < 1) EXPECT_LE(worst, 2);  // the gradient's 1 ulp, squared into exp_avg_sq
-    else EXPECT_EQ(worst, 0);
   }
-  // The clipped gradient itself, one step on fixed gradients: what the kernel stores back (the
-  // quotient) against today's product, in ulps.
-  Trained a(optim("off", "off", 0.05)), b(optim("off", "on", 0.05));
-  for (auto* t : {&a, &b}) {
-    t->flat->zero_grad();
-    torch::manual_seed(5);
-    t->flat->grads().copy_(torch::randn({t->flat->numel()}));
-    clip_grad_norm(*t->flat, 0.05);
-    t->opt->step(1e-2);
-  }
-  const int64_t g = max_ulps(a.flat->grads(), b.flat->grads());
-  std::printf("clipped gradients: product vs the kernel's stored quotient: max %lld ulps\n", (long long)g);
-  EXPECT_LE(g, 1);
 }
 
 // ---- the trainer ----------------------------------------------------------------------------
