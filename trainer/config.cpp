@@ -144,6 +144,11 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.choice("optim.fused", &c.optim.fused, "the update as at::_fused_adamw_, a non-finite step skipped on the device: "
            "auto = on CUDA (LibTorch >= 2.1), on = also on CPU (LibTorch >= 2.4), off = the flat update",
            {"auto", "on", "off"});
+  s.choice("optim.free_grads", &c.optim.free_grads, "per-parameter gradients left undefined between steps (backward "
+           "allocates them) instead of one flat buffer zeroed every step; needs the fused AdamW and one rank: "
+           "auto = on CUDA where both hold", {"auto", "on", "off"});
+  s.choice("optim.clip_in_step", &c.optim.clip_in_step, "clip inside the fused AdamW (its grad_scale) instead of a pass "
+           "over the gradients; needs the fused AdamW: auto = on CUDA where it runs", {"auto", "on", "off"});
 
   s.choice("schedule.kind", &c.schedule.kind, "learning-rate schedule after the linear warmup",
            {"cosine", "linear", "constant"});

@@ -11,14 +11,16 @@
 namespace lm {
 
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, int rank) {
+                             RngStreams& rng, int rank, int world) {
+  // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
+  const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
   ModelParts m;
   rng.seed_shared(seed);  // identical init on every rank
   m.model = build_model(cfg.model, vocab);
   init_from_hf(*m.model, cfg.model.init_from);  // model.init_from, when set
   m.model->to(device);
-  m.flat = std::make_unique<FlatParams>(*m.model);
+  m.flat = std::make_unique<FlatParams>(*m.model, path);
   m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim);
   if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
@@ -27,6 +29,10 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   log::info(strf("model: %s, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token at T=%lld (%s)",
                  cfg.model.arch.c_str(), (long long)m.params, m.params / 1e6, (long long)vocab, (long long)data_vocab,
                  m.flops_per_token, (long long)cfg.model.seq_len, flops_formula(cfg.model).c_str()));
+  if (path.free_grads || path.clip_in_step)
+    log::info(strf("gradients: %s, clipped %s", path.free_grads ? "per parameter, freed after each update (optim.free_grads)"
+                                                                  : "in one flat buffer",
+                   path.clip_in_step ? "inside the fused AdamW (optim.clip_in_step)" : "in a pass of their own"));
   return m;
 }
 

@@ -34,8 +34,9 @@ struct ModelParts {
   void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
 };
 
-// vocab: the padded vocabulary; data_vocab: the data's (for the log line).
+// vocab: the padded vocabulary; data_vocab: the data's (for the log line). Throws ConfigError for
+// optim.fused, optim.free_grads or optim.clip_in_step (resolve_grad_path) before building anything.
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, int rank);
+                             RngStreams& rng, int rank, int world);
 
 }  // namespace lm

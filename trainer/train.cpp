@@ -184,7 +184,7 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     configure_math(cfg_.train, device_);
-    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_);
+    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_, world_);
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and

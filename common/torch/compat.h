@@ -160,19 +160,35 @@ constexpr bool kHasCpuFusedAdamW = LM_TORCH_AT_LEAST(2, 4);
 // the device that the kernel READS but does not increment (the caller adds 1 first, as
 // torch/optim/adam.py's _fused_adam does). found_inf (optional, 0-dim float on the device): where it
 // is 1 the kernel returns without touching anything (aten/src/ATen/native/cuda/fused_adam_utils.cuh),
-// and the caller undoes its increment of state_steps.
+// and the caller undoes its increment of state_steps. grad_scale (optional, 0-dim float on the
+// device): the kernel divides every gradient by it before the update (and stores the quotient back).
 inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList state_steps, double lr, double beta1,
-                        double beta2, double weight_decay, double eps, const torch::Tensor& found_inf = {}) {
+                        double beta2, double weight_decay, double eps, const torch::Tensor& found_inf = {},
+                        const torch::Tensor& grad_scale = {}) {
 #if LM_TORCH_AT_LEAST(2, 1)
-  const Optional<at::Tensor> inf = found_inf.defined() ? Optional<at::Tensor>(found_inf) : Optional<at::Tensor>();
+  auto opt = [](const torch::Tensor& t) { return t.defined() ? Optional<at::Tensor>(t) : Optional<at::Tensor>(); };
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/Optional<at::Tensor>(), inf);
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, opt(grad_scale), opt(found_inf));
   return true;
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)state_steps;
-  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)found_inf;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)found_inf, (void)grad_scale;
   return false;
+#endif
+}
+
+// The global L2 norm of a list of tensors as a 0-dim tensor (no host sync): at::_foreach_norm (a
+// multi-tensor kernel on CUDA; 1.13 has it too, per tensor on the CPU), then the norm of the norms.
+inline torch::Tensor global_norm(at::TensorList ts) { return at::stack(at::_foreach_norm(ts)).norm(); }
+
+// Every tensor *= a 0-dim tensor on their device (no host sync): at::_foreach_mul_ takes a tensor
+// scalar from 2.1 on; before, one mul_ per tensor.
+inline void foreach_mul_(at::TensorList ts, const torch::Tensor& scalar) {
+#if LM_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(ts, scalar);
+#else
+  for (const auto& t : ts) t.mul_(scalar);  // in-place methods are const on Tensor
 #endif
 }
 

@@ -181,6 +181,16 @@ TEST_F(ResumeE2E, FusedAdamWBf16Ema) {
   expect_exact_resume(data_, {"optim.fused=on", "train.dtype=bf16", "train.ema_decay=0.9", "model.dropout=0.1"});
 }
 
+// Free per-parameter gradients and clipping inside the fused AdamW (optim.free_grads,
+// optim.clip_in_step; LibTorch >= 2.4 on a CPU) with gradient accumulation and the EMA.
+TEST_F(ResumeE2E, FreeGradsClipInStepGradAccum) {
+  if (!compat::kHasCpuFusedAdamW)
+    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no CPU fused AdamW (>= 2.4): "
+                 << "bash launch/torch2.sh runs this against LibTorch 2.6";
+  expect_exact_resume(data_, {"optim.fused=on", "optim.free_grads=on", "optim.clip_in_step=on", "optim.grad_clip=0.5",
+                              "train.grad_accum=2", "train.ema_decay=0.9"});
+}
+
 TEST_F(ResumeE2E, TwoRanks) {
   expect_exact_resume(data_, {"model.dropout=0.1", "train.micro_batch_size=4"}, 2);
 }

@@ -10,7 +10,35 @@
 
 namespace lm {
 
-FlatParams::FlatParams(torch::nn::Module& module) {
+bool resolve_fused(const OptimConfig& cfg, bool cuda) {
+  const bool has_kernel = cuda ? compat::kHasFusedAdamW : compat::kHasCpuFusedAdamW;
+  if (cfg.fused == "on" && !has_kernel)
+    throw ConfigError("key 'optim.fused': LibTorch " + compat::torch_version() + " has no at::_fused_adamw_ for " +
+                      (cuda ? "CUDA (needs >= 2.1)" : "the CPU (needs >= 2.4)"));
+  return cfg.fused == "on" || (cfg.fused == "auto" && cuda && has_kernel);
+}
+
+GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group) {
+  const bool fused = resolve_fused(cfg, cuda);
+  auto needs_fused = [&](const char* key) {
+    return ConfigError(std::string("key '") + key + "': on needs the fused AdamW, and optim.fused=" + cfg.fused +
+                       " gives the flat update here (LibTorch " + compat::torch_version() + ", " +
+                       (cuda ? "CUDA" : "CPU") + "); use auto or off");
+  };
+  GradPath path;
+  const bool grad_sync = world > 1 || process_group;  // the flat buffer's buckets are all-reduced
+  if (cfg.free_grads == "on" && grad_sync)
+    throw ConfigError("key 'optim.free_grads': on needs one rank without a process group (this run has " +
+                      std::to_string(world) + (world > 1 ? "" : ", and dist.backend names one") +
+                      "): data parallelism all-reduces the flat gradient buffer; use auto or off");
+  if (cfg.free_grads == "on" && !fused) throw needs_fused("optim.free_grads");
+  path.free_grads = cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && !grad_sync);
+  if (cfg.clip_in_step == "on" && !fused) throw needs_fused("optim.clip_in_step");
+  path.clip_in_step = cfg.clip_in_step == "on" || (cfg.clip_in_step == "auto" && cuda && fused);
+  return path;
+}
+
+FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
   // Parameters owned by Embedding modules are not decayed.
   std::set<const void*> embedding_params;
   for (auto& m : module.named_modules()) {
@@ -32,7 +60,7 @@ FlatParams::FlatParams(torch::nn::Module& module) {
   }
   auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
   params_ = torch::empty({total}, opts.requires_grad(false));
-  grads_ = torch::zeros({total}, opts.requires_grad(false));
+  if (!path_.free_grads) grads_ = torch::zeros({total}, opts.requires_grad(false));
   torch::NoGradGuard ng;
   for (size_t i = 0; i < order.size(); ++i) {
     auto& t = order[i];
@@ -40,15 +68,46 @@ FlatParams::FlatParams(torch::nn::Module& module) {
     auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
     pv.copy_(t);
     t.set_data(pv);
-    t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
+    if (path_.free_grads) t.mutable_grad().reset();
+    else t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
+    tensors_.push_back(t);
   }
 }
 
+torch::Tensor& FlatParams::grads() {
+  TORCH_CHECK(!path_.free_grads, "FlatParams::grads(): gradients are per parameter (optim.free_grads)");
+  return grads_;
+}
+
+std::vector<torch::Tensor> FlatParams::grad_list() {
+  std::vector<torch::Tensor> out;
+  out.reserve(tensors_.size());
+  for (auto& t : tensors_) {
+    if (!t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);  // never with the flat buffer
+    out.push_back(t.grad());
+  }
+  return out;
+}
+
+void FlatParams::zero_grad() {
+  grad_scale_ = torch::Tensor();
+  if (!path_.free_grads) {
+    grads_.zero_();
+    return;
+  }
+  for (auto& t : tensors_) t.mutable_grad().reset();
+}
+
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
-  auto norm = flat.grads().norm();
-  if (max_norm > 0) {
+  const bool free = flat.path().free_grads;
+  const auto grads = free ? flat.grad_list() : std::vector<torch::Tensor>();
+  auto norm = free ? compat::global_norm(grads) : flat.grads().norm();
+  if (max_norm > 0 && flat.path().clip_in_step) {
+    flat.set_grad_scale(((norm + 1e-6) / max_norm).clamp_min(1.0));  // the inverse of coef below
+  } else if (max_norm > 0) {
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-    flat.grads().mul_(coef);
+    if (free) compat::foreach_mul_(grads, coef);
+    else flat.grads().mul_(coef);
   }
   return norm;
 }
@@ -56,12 +115,9 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
 AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) {
   m_ = torch::zeros_like(flat.params());
   v_ = torch::zeros_like(flat.params());
-  const bool cuda = flat.params().is_cuda();
-  const bool has_kernel = cuda ? compat::kHasFusedAdamW : compat::kHasCpuFusedAdamW;
-  if (cfg.fused == "on" && !has_kernel)
-    throw ConfigError("key 'optim.fused': LibTorch " + compat::torch_version() + " has no at::_fused_adamw_ for " +
-                      (cuda ? "CUDA (needs >= 2.1)" : "the CPU (needs >= 2.4)"));
-  fused_ = cfg.fused == "on" || (cfg.fused == "auto" && cuda && has_kernel);
+  fused_ = resolve_fused(cfg, flat.params().is_cuda());
+  TORCH_CHECK(fused_ || !(flat.path().free_grads || flat.path().clip_in_step),
+              "AdamW: free or in-step clipped gradients need the fused AdamW (resolve_grad_path refuses them)");
 }
 
 void AdamW::step(double lr, const torch::Tensor& found_inf) {
@@ -106,29 +162,43 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
 }
 
 // One at::_fused_adamw_ call per decay group (decayed matrices, the rest), over views of the flat
-// buffers. The kernel reads the step counter but does not increment it: Python's _fused_adam adds
-// 1 first and, with found_inf, subtracts found_inf afterwards (torch/optim/adam.py), else the bias
-// corrections of step 1 are 0 and every weight becomes NaN. Every tensor of the lists shares ONE
-// counter (the kernel only reads it), not one counter per tensor or per run.
+// buffers (one per decay run, or with free gradients one per parameter, its moments views of the
+// flat ones, so the checkpoint's tensors stay the same); with clip_in_step the kernel divides the
+// gradients by flat.grad_scale(). The kernel reads the step counter but does not increment it:
+// Python's _fused_adam adds 1 first and, with found_inf, subtracts found_inf afterwards
+// (torch/optim/adam.py), else the bias corrections of step 1 are 0 and every weight becomes NaN.
+// Every tensor of the lists shares ONE counter (the kernel only reads it), not one counter per
+// tensor or per run.
 void AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
   auto& p = flat_.params();
   torch::NoGradGuard ng;
   if (!step_.defined()) step_ = torch::full({}, static_cast<double>(t_), p.options().dtype(torch::kFloat));
   step_.add_(1);
+  const bool free = flat_.path().free_grads;
+  const auto grads = free ? flat_.grad_list() : std::vector<torch::Tensor>();
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<torch::Tensor> ps, gs, ms, vs, ts;
-    for (const auto& run : flat_.decay_runs()) {
-      if (run.decay != (decay == 1)) continue;
-      ps.push_back(p.narrow(0, run.offset, run.numel));
-      gs.push_back(flat_.grads().narrow(0, run.offset, run.numel));
-      ms.push_back(m_.narrow(0, run.offset, run.numel));
-      vs.push_back(v_.narrow(0, run.offset, run.numel));
+    auto add = [&](int64_t offset, int64_t numel, const torch::Tensor& g) {
+      ps.push_back(p.narrow(0, offset, numel));
+      gs.push_back(g);
+      ms.push_back(m_.narrow(0, offset, numel));
+      vs.push_back(v_.narrow(0, offset, numel));
       ts.push_back(step_);
+    };
+    if (free) {
+      const auto& entries = flat_.entries();
+      for (size_t i = 0; i < entries.size(); ++i)
+        if (entries[i].decay == (decay == 1)) add(entries[i].offset, entries[i].numel, grads[i].reshape({-1}));
+    } else {
+      for (const auto& run : flat_.decay_runs())
+        if (run.decay == (decay == 1)) add(run.offset, run.numel, flat_.grads().narrow(0, run.offset, run.numel));
     }
     if (!ps.empty())
       compat::fused_adamw(ps, gs, ms, vs, ts, lr, cfg_.beta1, cfg_.beta2, decay ? cfg_.weight_decay : 0.0, cfg_.eps,
-                          found_inf);
+                          found_inf, flat_.grad_scale());
   }
+  flat_.set_grad_scale({});  // applied (the kernel stores the divided gradients back)
+  if (free) flat_.zero_grad();  // the update consumed them: their memory back before the next forward
   if (found_inf.defined()) step_.sub_(found_inf);
   ++t_;  // an upper bound while found_inf may have skipped steps; steps() reads the device truth
 }

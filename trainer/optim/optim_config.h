@@ -19,6 +19,12 @@ struct OptimConfig {
   // a step's results one step late; on is refused on the CPU before LibTorch 2.4; off is the flat
   // update (CPU: one fused multi-threaded loop; CUDA: tensor ops).
   std::string fused = "auto";
+  // free_grads: per-parameter gradients, undefined between steps (backward allocates them), instead of
+  // views of one flat buffer zeroed every step; needs the fused AdamW and world size 1 (DDP
+  // all-reduces the flat buffer). clip_in_step: the clip coefficient goes to the fused AdamW as its
+  // grad_scale instead of a pass over the gradients. auto: on CUDA where the fused AdamW runs.
+  std::string free_grads = "auto";
+  std::string clip_in_step = "auto";
 };
 
 struct ScheduleConfig {
