@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/torch/compat.h"
@@ -313,6 +314,7 @@ TEST(Bf16Residual, RefusedWithoutBf16) {
   auto r = nt_trainer(a.path(), {"train.max_steps=2", "train.bf16_residual=true"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("key 'train.bf16_residual': needs train.dtype=bf16"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
 }
 
 // bf16 against bf16 + train.bf16_residual over 300 steps of the tiny GPT: the same loss curve
