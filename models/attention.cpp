@@ -89,7 +89,8 @@ std::string describe_attention(const ModelConfig& c, int64_t batch, at::ScalarTy
   static const char* const names[] = {"the math kernel", "flash attention", "memory-efficient attention",
                                       "cuDNN attention", "an overrideable backend"};
   const std::string name = choice >= 0 && choice <= 4 ? names[choice] : "backend " + std::to_string(choice);
-  const bool view = causal_attention(q, k, v, p, train).transpose(1, 2).is_contiguous();
+  const auto y = causal_attention(q, k, v, p, train);
+  const bool view = merge_heads(y).data_ptr() == y.data_ptr();  // what the model's merge does
   return "attention: " + name + " (at::_fused_sdp_choice = " + std::to_string(choice) + "; " + shape + "), output (B,T,C) " +
          (view ? "without a copy" : "by a copy");
 }

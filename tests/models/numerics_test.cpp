@@ -264,8 +264,10 @@ TEST(Attention, StartupLineSaysTheKernelAndTheCopy) {
   auto merged = merge_heads(y);
   EXPECT_EQ(merged.sizes(), (std::vector<int64_t>{B, T, H * hd}));
   const bool shares = merged.data_ptr() == y.data_ptr();
-  if (compat::kHasSdpa) {
-    EXPECT_EQ(shares, line.find("without a copy") != std::string::npos) << line;
+  if (compat::kHasSdpa) {  // 2.x on the CPU: flash attention, whose output is (B, T, H, hd) in memory
+    EXPECT_NE(line.find("flash attention"), std::string::npos) << line;
+    EXPECT_NE(line.find("without a copy"), std::string::npos) << line;
+    EXPECT_TRUE(shares) << "merge_heads copied a contiguous (B, T, C) output";
   }
   auto qd = q.to(torch::kDouble), kd = k.to(torch::kDouble), vd = v.to(torch::kDouble);
   auto att = torch::matmul(qd, kd.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
