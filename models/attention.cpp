@@ -10,6 +10,12 @@
 #include "models/lm.h"
 
 namespace lm {
+namespace {
+std::string attention_shape_text(at::ScalarType dtype, const torch::Device& device, int64_t B, int64_t H, int64_t T, int64_t hd) {
+  return std::string(c10::toString(dtype)) + ", " + device.str() + ", B=" + std::to_string(B) + " H=" + std::to_string(H) +
+         " T=" + std::to_string(T) + " hd=" + std::to_string(hd);
+}
+}  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout_p, bool train) {
@@ -46,7 +52,47 @@ torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, do
   auto k = heads(parts[1]), v = heads(parts[2]);
   if (cache) std::tie(k, v) = cache_append(cache, layer, k, v);
   auto y = causal_attention(heads(parts[0]), k, v, dropout_p, train);  // (B, H, T, hd)
-  return y.transpose(1, 2).contiguous().view({B, T, C});
+  return merge_heads(y);
+}
+
+torch::Tensor merge_heads(const torch::Tensor& y) {
+  const int64_t B = y.size(0), H = y.size(1), T = y.size(2), hd = y.size(3);
+  auto t = y.transpose(1, 2);  // (B, T, H, hd)
+  return t.is_contiguous() ? t.view({B, T, H * hd}) : t.reshape({B, T, H * hd});
+}
+
+std::string describe_attention(const ModelConfig& c, int64_t batch, at::ScalarType dtype, const torch::Device& device,
+                               bool train) {
+  const int64_t B = batch, T = c.seq_len, C = c.d_model, H = c.n_head, hd = C / H;
+  const bool packed = c.arch == "gpt";  // GPT: q, k, v are views of one (B, T, 3C) projection
+  const double p = train && packed ? c.dropout : 0.0;
+  const auto opts = torch::TensorOptions().dtype(dtype).device(device);
+  const std::string shape = attention_shape_text(dtype, device, B, H, T, hd);
+  if (!compat::kHasSdpa) {
+    auto qkv = torch::empty({1, 1, 3 * C}, opts);
+    if (packed && !(train && p > 0) && causal_attention_qkv_applies(qkv))
+      return "attention: the fused CPU kernel (models/cpu_kernels.h; " + shape + "), output (B,T,C) without a copy";
+    return "attention: the plain kernel (LibTorch " + compat::torch_version() + " has no SDPA; " + shape +
+           "), output (B,T,C) by a copy";
+  }
+  torch::Tensor q, k, v;
+  if (packed) {
+    auto parts = torch::zeros({B, T, 3 * C}, opts).split(C, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, hd}).transpose(1, 2); };
+    q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  } else {  // Llama: q after the rotation, k and v with the key/value heads repeated (contiguous)
+    q = torch::zeros({B, T, H, hd}, opts).transpose(1, 2);
+    k = torch::zeros({B, H, T, hd}, opts), v = torch::zeros({B, H, T, hd}, opts);
+  }
+  for (auto* t : {&q, &k, &v}) t->requires_grad_(train);
+  const int64_t choice = compat::sdpa_choice(q, k, v, p);
+  static const char* const names[] = {"the math kernel", "flash attention", "memory-efficient attention",
+                                      "cuDNN attention", "an overrideable backend"};
+  const std::string name = choice >= 0 && choice <= 4 ? names[choice] : "backend " + std::to_string(choice);
+  const auto y = causal_attention(q, k, v, p, train);
+  const bool view = merge_heads(y).data_ptr() == y.data_ptr();  // what the model's merge does
+  return "attention: " + name + " (at::_fused_sdp_choice = " + std::to_string(choice) + "; " + shape + "), output (B,T,C) " +
+         (view ? "without a copy" : "by a copy");
 }
 
 }  // namespace lm

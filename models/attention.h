@@ -4,6 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <string>
+
+#include "models/model_config.h"
+
 namespace lm {
 
 // Causal self-attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd). With k, v of S > T positions
@@ -23,5 +27,18 @@ struct KVCache;
 // no split, transposes or concatenation); otherwise causal_attention above.
 torch::Tensor causal_self_attention(const torch::Tensor& qkv, int64_t n_head, double dropout_p, bool train,
                                     KVCache* cache = nullptr, size_t layer = 0);
+
+// The heads side by side: y (B, H, T, hd) -> (B, T, H*hd); a view where y's transpose is already
+// contiguous (flash and cuDNN attention allocate their output as (B, T, H, hd)), else one copy.
+torch::Tensor merge_heads(const torch::Tensor& y);
+
+// One line for the trainer's start: which kernel the model's attention runs for its real shape
+// (batch x model.seq_len, model.n_head heads), dtype and device, and whether merging its output's
+// heads copies, e.g. "attention: flash attention (at::_fused_sdp_choice = 1; bf16, cuda:0,
+// B=16 H=12 T=1024 hd=64), output (B,T,C) without a copy". LibTorch >= 2.0 runs the attention once
+// to see the output's layout (as in training: q, k, v requiring grad when `train`, model.dropout);
+// 1.13 names the fused CPU kernel or the plain one.
+std::string describe_attention(const ModelConfig& c, int64_t batch, at::ScalarType dtype, const torch::Device& device,
+                               bool train);
 
 }  // namespace lm

@@ -3,11 +3,23 @@
 
 #include <cmath>
 
+#include "common/torch/compat.h"
 #include "models/attention.h"
 #include "models/cpu_kernels.h"
 
 namespace lm {
 namespace F = torch::nn::functional;
+namespace {
+// LayerNorm of x. x in a lower dtype than the weights (the bf16 residual stream): computed in x's
+// dtype, with the weights cast to it and autocast's fp32 policy bypassed (ATen accumulates in fp32).
+torch::Tensor gpt_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (x.scalar_type() == ln->weight.scalar_type()) return ln->forward(x);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto t = x.scalar_type();
+  return F::layer_norm(x, F::LayerNormFuncOptions(ln->options.normalized_shape())
+                              .weight(ln->weight.to(t)).bias(ln->bias.to(t)).eps(ln->options.eps()));
+}
+}  // namespace
 
 BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout) {
   const int64_t d = c.d_model;
@@ -20,10 +32,10 @@ BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t layer) {
-  auto packed = qkv->forward(ln1->forward(x));  // (B, T, 3C): q | k | v
+  auto packed = qkv->forward(gpt_norm(ln1, x));  // (B, T, 3C): q | k | v
   auto y = proj->forward(causal_self_attention(packed, n_head, dropout, is_training(), cache, layer));
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
-  auto m = fc2->forward(gelu_tanh(fc->forward(ln2->forward(h))));
+  auto m = fc2->forward(gelu_tanh(fc->forward(gpt_norm(ln2, h))));
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
 }
 
@@ -53,15 +65,17 @@ void GPTImpl::init_weights() {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx, KVCache* cache) {
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const int64_t T = idx.size(1), P = cache ? cache->pos : 0;
   TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
   auto pos = torch::arange(P, P + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte->forward(idx) + wpe->forward(pos);  // (B, T, C)
+  if (numerics.bf16_residual)
+    if (auto dtype = compat::autocast_dtype(idx.device().type())) x = x.to(*dtype);
   if (cfg.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(cfg.dropout).training(is_training()));
   for (size_t i = 0; i < blocks->size(); ++i) x = blocks[i]->as<Block>()->forward(x, cache, i);
   if (cache) cache->pos += T;
-  return F::linear(lnf->forward(x), wte->weight);  // tied head: (B, T, V)
+  return gpt_norm(lnf, x);
 }
 
 }  // namespace lm

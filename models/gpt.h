@@ -17,7 +17,7 @@ namespace lm {
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelConfig& c);
-  // x: (B, T, C) -> (B, T, C); with a cache, x holds the positions after the cached ones.
+  // x: (B, T, C) -> (B, T, C) in x's dtype; with a cache, x holds the positions after the cached ones.
   torch::Tensor forward(const torch::Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
 
   int64_t n_head;
@@ -31,9 +31,11 @@ struct GPTImpl : LMImpl {
   // vocab_size: the padded vocabulary (see padded_vocab()).
   GPTImpl(const ModelConfig& c, int64_t vocab_size);
 
-  using LMImpl::forward;
-  // idx: (B, T) int64, T <= seq_len -> logits (B, T, V) float.
-  torch::Tensor forward(const torch::Tensor& idx, KVCache* cache) override;
+  // idx: (B, T) int64, T <= seq_len -> lnf's output (B, T, C); under numerics.bf16_residual and
+  // autocast, the residual stream from the embeddings on, the LayerNorms and this output are in
+  // autocast's dtype (llm.c's layout), else fp32 (LayerNorm autocasts to fp32).
+  torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
+  torch::Tensor head_weight() override { return wte->weight; }  // tied head
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2*n_layer), zero biases, unit LayerNorm. Draws from the default generator.

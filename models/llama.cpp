@@ -3,11 +3,11 @@
 
 #include <cmath>
 
+#include "common/torch/compat.h"
 #include "models/attention.h"
 #include "models/registry.h"
 
 namespace lm {
-namespace F = torch::nn::functional;
 namespace {
 
 torch::nn::Linear linear_no_bias(int64_t in, int64_t out) {
@@ -29,7 +29,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double e) : eps(e) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   auto xf = x.to(torch::kFloat);
-  return (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
+  // In x's dtype (a bf16 residual stream: the weight cast to bf16; fp32: `to` returns the weight).
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight.to(x.scalar_type());
 }
 
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -61,7 +62,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     v = v.unsqueeze(2).expand({B, n_kv_head, rep, S, head_dim}).reshape({B, n_head, S, head_dim});
   }
   auto y = causal_attention(q, k, v, 0.0, is_training());  // (B, H, T, hd)
-  return wo->forward(y.transpose(1, 2).contiguous().view({B, T, n_head * head_dim}));
+  return wo->forward(merge_heads(y));
 }
 
 FeedForwardImpl::FeedForwardImpl(const ModelConfig& c) {
@@ -119,20 +120,21 @@ void LlamaImpl::init_weights() {
   }
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, KVCache* cache) {
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const int64_t T = idx.size(1), P = cache ? cache->pos : 0;
   TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
   if (cos_.device() != idx.device()) cos_ = cos_.to(idx.device()), sin_ = sin_.to(idx.device());
   auto cos = cos_.slice(0, P, P + T), sin = sin_.slice(0, P, P + T);
   auto h = tok_embeddings->forward(idx);  // (B, T, C)
+  if (numerics.bf16_residual)
+    if (auto dtype = compat::autocast_dtype(idx.device().type())) h = h.to(*dtype);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto* b = layers[i]->as<LlamaBlock>();
     h = h + b->attention->forward(b->attention_norm->forward(h), cos, sin, cache, i);
     h = h + b->feed_forward->forward(b->ffn_norm->forward(h));
   }
   if (cache) cache->pos += T;
-  h = norm->forward(h);
-  return output ? output->forward(h) : F::linear(h, tok_embeddings->weight);  // (B, T, V)
+  return norm->forward(h);
 }
 
 }  // namespace lm

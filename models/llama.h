@@ -55,8 +55,10 @@ TORCH_MODULE(LlamaBlock);
 struct LlamaImpl : LMImpl {
   LlamaImpl(const ModelConfig& c, int64_t vocab_size);
 
-  using LMImpl::forward;
-  torch::Tensor forward(const torch::Tensor& idx, KVCache* cache) override;
+  // The final norm's output (B, T, C): fp32, or under numerics.bf16_residual and autocast, with
+  // the residual stream from the embedding on, in autocast's dtype.
+  torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
+  torch::Tensor head_weight() override { return output ? output->weight : tok_embeddings->weight; }
 
   // torchtitan's init (depth_init): embedding N(0, 1) (tied: N(0, init_std)); per layer l
   // (0-based) wq, wk, wv, w1 ~ TN(0, init_std), wo, w2, w3 ~ TN(0, init_std / sqrt(2 (l + 1)))

@@ -2,6 +2,7 @@
 #include "models/lm.h"
 
 #include "models/cpu_kernels.h"
+#include "models/head_loss.h"
 
 namespace lm {
 namespace {
@@ -12,13 +13,19 @@ torch::Tensor lm_loss_sum(LMImpl& m, const torch::Tensor& idx, const torch::Tens
 }
 }  // namespace
 
+torch::Tensor LMImpl::forward(const torch::Tensor& idx, KVCache* cache) {
+  return torch::nn::functional::linear(hidden(idx, cache), head_weight());  // (B, t, V)
+}
+
 torch::Tensor LMImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   // LibTorch's mean over targets != -1: NaN (0/0) when every target is -1.
   return lm_loss_sum(*this, idx, targets) / (targets != -1).sum().to(torch::kFloat);
 }
 
 torch::Tensor LMImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  return lm_loss_sum(*this, idx, targets);
+  if (!numerics.fused_loss) return lm_loss_sum(*this, idx, targets);
+  auto h = hidden(idx, nullptr);
+  return fused_head_loss_sum(h.reshape({-1, h.size(-1)}), head_weight(), targets.reshape({-1}));
 }
 
 int64_t LMImpl::num_params() const {

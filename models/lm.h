@@ -18,17 +18,31 @@ struct KVCache {
   void clear() { k.clear(), v.clear(), pos = 0; }
 };
 
+// How the forward and the training loss compute, set by the trainer (train.fused_loss,
+// train.bf16_residual); not part of the weights. The defaults are the plain path.
+struct Numerics {
+  bool fused_loss = false;     // loss_sum() through the fused head + loss (models/head_loss.h)
+  bool bf16_residual = false;  // under autocast, the residual stream and the norms in autocast's dtype
+};
+
 struct LMImpl : torch::nn::Module {
   LMImpl(const ModelConfig& c, int64_t vocab_size) : cfg(c), vocab(vocab_size) {}
 
-  // idx: (B, t) int64 -> logits (B, t, V). Without a cache idx starts at position 0 (t <= seq_len);
-  // with one, idx holds positions cache->pos .. pos+t-1 (pos+t <= seq_len), attends to the cached
-  // ones too, and its keys/values are appended (eval only: no dropout).
-  virtual torch::Tensor forward(const torch::Tensor& idx, KVCache* cache) = 0;
+  // idx: (B, t) int64 -> logits (B, t, V): hidden() times head_weight()^T. Without a cache idx
+  // starts at position 0 (t <= seq_len); with one, idx holds positions cache->pos .. pos+t-1
+  // (pos+t <= seq_len), attends to the cached ones too, and its keys/values are appended (eval
+  // only: no dropout).
+  torch::Tensor forward(const torch::Tensor& idx, KVCache* cache);
   torch::Tensor forward(const torch::Tensor& idx) { return forward(idx, nullptr); }
-  // Mean next-token cross-entropy over targets != -1. idx, targets: (B, T) int64.
+  // The same split in two: the final norm's output (B, t, C) (fp32, or bf16 under
+  // numerics.bf16_residual) and the head's weight (V, C) (a tied head: the token embedding's).
+  virtual torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) = 0;
+  virtual torch::Tensor head_weight() = 0;
+  // Mean next-token cross-entropy over targets != -1. idx, targets: (B, T) int64. Always the plain
+  // path (fp32 logits), whatever numerics says: the validation loss stays the reference.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
-  // The same, summed over targets != -1 (the trainer divides by the step's token count).
+  // The same, summed over targets != -1 (the trainer divides by the step's token count); through
+  // the fused head + loss when numerics.fused_loss.
   torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
   // Redraws every weight as the architecture initialises it (default generator).
   virtual void init_weights() = 0;
@@ -36,6 +50,7 @@ struct LMImpl : torch::nn::Module {
 
   ModelConfig cfg;
   int64_t vocab;
+  Numerics numerics;
 };
 TORCH_MODULE(LM);
 

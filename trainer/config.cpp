@@ -163,6 +163,11 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.choice("train.device", &c.train.device, "compute device; auto = cuda when available, else cpu", {"auto", "cpu", "cuda"});
   s.choice("train.dtype", &c.train.dtype, "compute dtype; bf16 = autocast with fp32 master weights and optimizer state "
            "(CPU: LibTorch >= 2.4)", {"fp32", "bf16"});
+  s.choice("train.fused_loss", &c.train.fused_loss, "the LM head and the cross-entropy as one function: the logits "
+           "never in fp32, the softmax overwritten by its gradient; auto = on CUDA; the validation loss stays the "
+           "plain path", {"auto", "on", "off"});
+  s.boolean("train.bf16_residual", &c.train.bf16_residual, "the residual stream and the norms in bf16 (llm.c's "
+            "layout) instead of fp32; needs train.dtype=bf16");
   s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights, updated every step; 0 = off", 0, false, 1, true);
 
   s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = only at the end; "
@@ -307,6 +312,8 @@ void validate(const ExperimentConfig& c, const Origins& origins) {
   if (int64_t a = 0, b = 0; !c.log.profile_steps.empty() && !parse_step_range(c.log.profile_steps, &a, &b))
     throw ConfigError("key 'log.profile_steps': expected A-B with 1 <= A <= B, got '" + c.log.profile_steps + "'");
   if (c.checkpoint.resume.empty()) throw ConfigError("key 'checkpoint.resume': must be auto, none or a directory");
+  if (c.train.bf16_residual && !c.train.bf16())
+    throw ConfigError("key 'train.bf16_residual': needs train.dtype=bf16 (it is " + c.train.dtype + ")");
 }
 
 // A model key the architecture does not read may be set only to its default (so one base file can

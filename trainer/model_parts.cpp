@@ -3,6 +3,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "models/attention.h"
 #include "models/build.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/hf_dir.h"
@@ -20,6 +21,15 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.model = build_model(cfg.model, vocab);
   init_from_hf(*m.model, cfg.model.init_from);  // model.init_from, when set
   m.model->to(device);
+  m.model->numerics.fused_loss = cfg.train.fused_loss_on(device.is_cuda());
+  m.model->numerics.bf16_residual = cfg.train.bf16_residual;
+  if (rank == 0) {  // before seed_rank: a dropout in the probe draws from the stream seed_rank resets
+    log::info(describe_attention(cfg.model, cfg.train.micro_batch_size, cfg.train.bf16() ? torch::kBFloat16 : torch::kFloat,
+                                 device, /*train=*/true));
+    log::info(strf("loss: %s (train.fused_loss=%s); residual stream %s (train.bf16_residual)",
+                   m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
+                   cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
+  }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
   m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim);
   if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);

@@ -23,7 +23,11 @@ struct TrainConfig {
   std::string device = "auto";
   double ema_decay = 0.0;
   std::string dtype = "fp32";
+  std::string fused_loss = "auto";
+  bool bf16_residual = false;
   bool bf16() const { return dtype == "bf16"; }  // the one comparison of the choice
+  // The one resolution of train.fused_loss: auto = on CUDA.
+  bool fused_loss_on(bool cuda) const { return fused_loss == "on" || (fused_loss == "auto" && cuda); }
 };
 
 struct LogConfig {

@@ -102,6 +102,19 @@ inline torch::Tensor sdpa_causal(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+// The kernel at::scaled_dot_product_attention picks for these inputs, causal, no mask
+// (at::_fused_sdp_choice; at::SDPBackend in 2.6: 0 math, 1 flash, 2 memory-efficient, 3 cuDNN,
+// 4 overrideable); -1 where LibTorch has no SDPA. 2.1 added `scale`, 2.5 `enable_gqa`, both
+// defaulted after the six arguments given here.
+inline int64_t sdpa_choice(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout_p) {
+#if LM_TORCH_AT_LEAST(2, 0)
+  return at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
+#else
+  (void)q, (void)k, (void)v, (void)dropout_p;
+  return -1;
+#endif
+}
+
 // bf16 autocast on CUDA: enable / disable (2.4 made the API per device type).
 inline void set_cuda_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
 #if LM_TORCH_AT_LEAST(2, 4)
@@ -123,6 +136,18 @@ inline void set_autocast(const torch::Device& device, bool enabled, at::ScalarTy
   at::autocast::set_autocast_dtype(at::kCPU, dtype);
 #else
   TORCH_CHECK(!enabled, "CPU autocast needs LibTorch >= 2.4");
+#endif
+}
+// Autocast's dtype where autocast is on for this device type (CPU, CUDA), else none: what the fused
+// head + loss casts to, and the dtype of GPT's residual stream under train.bf16_residual.
+inline Optional<at::ScalarType> autocast_dtype(c10::DeviceType type) {
+  if (type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA) return {};
+#if LM_TORCH_AT_LEAST(2, 4)
+  if (!at::autocast::is_autocast_enabled(type)) return {};
+  return at::autocast::get_autocast_dtype(type);
+#else
+  if (type == c10::DeviceType::CUDA) return at::autocast::is_enabled() ? Optional<at::ScalarType>(at::autocast::get_autocast_gpu_dtype()) : Optional<at::ScalarType>();
+  return at::autocast::is_cpu_enabled() ? Optional<at::ScalarType>(at::autocast::get_autocast_cpu_dtype()) : Optional<at::ScalarType>();
 #endif
 }
 // The autocast cast cache keeps bf16 copies of fp32 weights until cleared; Python's

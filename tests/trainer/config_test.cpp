@@ -186,6 +186,7 @@ TEST(Config, KeysShowTheRangesLoadConfigChecks) {
   auto error_of = [](const std::string& key, const std::string& v) -> std::string {
     std::vector<std::string> overrides;
     if (key.rfind("model.", 0) == 0 && !arch_uses_key("gpt", key.substr(6))) overrides.push_back("model.arch=llama");
+    if (key == "train.bf16_residual") overrides.push_back("train.dtype=bf16");  // what it needs
     overrides.push_back(key + "=" + v);
     try {
       load_config("", overrides);
