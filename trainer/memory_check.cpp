@@ -8,7 +8,7 @@
 
 namespace lm {
 
-MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda) {
   const ModelConfig& m = cfg.model;
   const double L = static_cast<double>(m.n_layer), T = static_cast<double>(m.seq_len);
   const double V = static_cast<double>(vocab), B = static_cast<double>(cfg.train.micro_batch_size);
@@ -17,14 +17,18 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab) {
   e.params = 4 * n;
   e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
   const double value_bytes = cfg.train.bf16() ? 2 : 4;
-  e.activations = L * B * T * saved_activations_per_token_layer(m) * value_bytes + 3 * B * T * V * 4;
+  // The logits: fp32 values, their fp32 copy's gradient and the loss's (3 B*T*V*4); the fused head + loss
+  // keeps the probabilities in the compute dtype, its gradient written into them, beside the logits
+  // until the softmax is made (2 B*T*V values).
+  const double logits = cfg.train.fused_loss_on(cuda) ? 2 * B * T * V * value_bytes : 3 * B * T * V * 4;
+  e.activations = L * B * T * saved_activations_per_token_layer(m) * value_bytes + logits;
   if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
   return e;
 }
 
 void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device) {
   if (cfg.run.skip_memory_check) return;
-  MemoryEstimate e = estimate_memory(cfg, vocab);
+  MemoryEstimate e = estimate_memory(cfg, vocab, device.is_cuda());
   if (device.is_cuda()) e.staging = 0;  // pinned host memory, not the device's
   const double avail = available_memory_bytes(device);
   if (avail <= 0 || e.total() <= avail) return;

@@ -23,10 +23,11 @@ struct MemoryEstimate {
 // models/registry.h param_count: GQA, the SwiGLU width, an untied head counted); activations per
 // layer ~ B*T*(34d + 5*H*T) 16-bit values for gpt (Korthikanti et al., 2022), the same count of
 // llama's tensors for llama (memory_check.cpp), doubled for fp32, plus 3 B*T*V fp32 values for
-// the logits and their gradients; with async checkpoints,
+// the logits and their gradients (2 B*T*V values in the compute dtype with train.fused_loss on,
+// resolved for a CUDA device when `cuda`); with async checkpoints,
 // the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
 // allocated at start). An estimate, not a bound.
-MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab);
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda = false);
 
 // Throws ConfigError naming the estimate and the memory available when the estimate exceeds it
 // (unless cfg.run.skip_memory_check, or the available memory is unknown).

@@ -162,6 +162,14 @@ TEST(MemoryEstimate, ParametersAreWhatTheArchitectureBuilds) {
   l3.model.arch = "llama", l3.model.n_layer = 32, l3.model.n_head = 32, l3.model.n_kv_head = 8, l3.model.d_model = 4096;
   l3.model.seq_len = 8192, l3.model.ffn_dim_multiplier = 1.3, l3.model.ffn_multiple_of = 1024, l3.model.rope_theta = 500000;
   EXPECT_DOUBLE_EQ(estimate_memory(l3, 128256).params, 4.0 * 8030261248.0);
+  // The logits' share: 3 fp32 B*T*V tensors, 2 in the compute dtype with the fused head + loss (auto: CUDA).
+  ExperimentConfig g;
+  g.train.dtype = "bf16";
+  const double BTV = 8.0 * g.model.seq_len * 50304;
+  const double plain = estimate_memory(g, 50304, /*cuda=*/false).activations;
+  EXPECT_DOUBLE_EQ(plain - estimate_memory(g, 50304, /*cuda=*/true).activations, 3 * BTV * 4 - 2 * BTV * 2);
+  g.train.fused_loss = "off";
+  EXPECT_DOUBLE_EQ(estimate_memory(g, 50304, /*cuda=*/true).activations, plain);
 }
 
 // LibTorch 2.x's CPU kernels (bf16 matmuls) take scratch space through the allocator's raw API,
