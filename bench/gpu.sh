@@ -53,9 +53,12 @@ export LD_LIBRARY_PATH="${DEPS:-/opt/deps}/usr/lib/x86_64-linux-gnu:${LD_LIBRARY
 B=build-gpu/bin
 KJV=${KJV:-.deps/kjv.txt}
 SHAPE=() PSHAPE=()  # extra trainer overrides / peer arguments (the dry run's tiny shapes)
+export BACKEND=nccl  # the smoke's process group at world size 1
 if [ "${GPU_DRY:-0}" = 1 ]; then
   B=${BIN:-build/bin} GPU_TESTS=0
-  SHAPE=(train.device=cpu model.n_layer=2 model.d_model=64 model.n_head=2 model.seq_len=64 train.micro_batch_size=2)
+  SHAPE=(train.device=cpu model.n_layer=2 model.d_model=64 model.n_head=2 model.seq_len=64 train.micro_batch_size=2
+         optim.fused=on)  # the fused AdamW, which the switches need, is auto on CUDA only
+  BACKEND=gloo
   PSHAPE=(--device cpu --layers 2 --dim 64 --heads 2 --seq 64 --vocab 320 --batch 2)
 fi
 
@@ -141,7 +144,7 @@ run 90 smoke_a $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 ru
 run 90 smoke_b1 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b train.max_steps=25
 run 90 smoke_b2 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b
 run 90 smoke_c $B/trainer "${common[@]}" "${SHAPE[@]}" run.dir=runs/gpu_smoke_c
-run 90 smoke_nccl $B/trainer "${common[@]}" "${SHAPE[@]}" dist.backend=nccl train.max_steps=10 run.dir=runs/gpu_smoke_n
+run 90 smoke_nccl $B/trainer "${common[@]}" "${SHAPE[@]}" dist.backend=$BACKEND train.max_steps=10 run.dir=runs/gpu_smoke_n
 for d in a b c; do
   for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_smoke_$d/$f" "$R/smoke_${d}_$f" 2>/dev/null; done
 done
@@ -169,7 +172,8 @@ if res["finite"]:
     res["deferred_within_2pct"] = res["deferred_vs_immediate_max_rel_dev"] < 0.02
 res["deferred_used"] = grep("smoke_a", "one step late") and not grep("smoke_c", "one step late")
 res["resumed"] = grep("smoke_b2", "resumed from")
-res["nccl_world1"] = grep("smoke_nccl", "data parallel: nccl") and grep("smoke_nccl", "done: ")
+import os
+res["nccl_world1"] = grep("smoke_nccl", "data parallel: " + os.environ["BACKEND"]) and grep("smoke_nccl", "done: ")
 res["ok"] = all(res.get(k) is True for k in ("finite", "falling", "resume_within_2pct", "deferred_within_2pct",
                                              "deferred_used", "resumed", "nccl_world1"))
 print(json.dumps(res))

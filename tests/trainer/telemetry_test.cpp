@@ -285,7 +285,9 @@ namespace {
 // run too short to measure says nothing.
 TEST_F(TelemetryE2E, EstimatedTimeToMaxStepsAfterTheFirstSteps) {
   TempDir run, short_run;
-  auto r = train(run.path(), {"train.max_steps=16", "log.every_steps=4", "eval.batches=0"});
+  // One thread: two trainers of ctest -j2 on two cores, each with a thread per core, slowed steps
+  // 2-6 5.5x against the later ones in one CI run (the estimate's window is a few steps long).
+  auto r = train(run.path(), {"train.max_steps=16", "log.every_steps=4", "eval.batches=0", "train.threads=1"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string key = "estimated time to train.max_steps=16 on this machine: ";
   const size_t at = r.out.find(key);
@@ -305,7 +307,7 @@ TEST_F(TelemetryE2E, EstimatedTimeToMaxStepsAfterTheFirstSteps) {
   EXPECT_EQ(left, 10) << line;
   EXPECT_GT(ms, 0.0) << line;
   // The steps' own mean step time (metrics.jsonl windows after the first) against the estimate's:
-  // the same order of magnitude on a shared host.
+  // the same order of magnitude on a shared host (a factor of 10 either way).
   double sum_ms = 0;
   int n = 0;
   std::ifstream in(run / "metrics.jsonl");
@@ -314,8 +316,8 @@ TEST_F(TelemetryE2E, EstimatedTimeToMaxStepsAfterTheFirstSteps) {
     if (j.value("kind", "") == "train" && j.value("step", 0) > 4) sum_ms += j["step_ms"].get<double>(), ++n;
   }
   ASSERT_GT(n, 0);
-  EXPECT_LT(ms, 5 * sum_ms / n) << line;
-  EXPECT_GT(ms, sum_ms / n / 5) << line;
+  EXPECT_LT(ms, 10 * sum_ms / n) << line;
+  EXPECT_GT(ms, sum_ms / n / 10) << line;
   auto s = train(short_run.path(), {"train.max_steps=3", "eval.batches=0"});
   ASSERT_EQ(s.exit_code, 0) << s.out;
   EXPECT_EQ(s.out.find("estimated time to"), std::string::npos) << s.out;
