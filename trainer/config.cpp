@@ -198,6 +198,10 @@ void describe_telemetry(Schema& s, ExperimentConfig& c) {
            "a named one also at world size 1", {"auto", "nccl", "gloo"});
   s.number("dist.timeout_s", &c.dist.timeout_s, "seconds after which the rendezvous or any collective fails", 0, true);
   s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size in MB (10^6 bytes)", 0, true);
+  s.integer("dist.zero", &c.dist.zero, "1 = ZeRO-1: each rank keeps the AdamW moments of its piece of every gradient "
+            "bucket only (1/world_size of them), gradients reduce-scattered (NCCL) or all-reduced (Gloo), each rank "
+            "steps its pieces, the weights all-gathered; checkpoints hold one optimizer shard per rank and resume at "
+            "any world size; 0 = every rank keeps them all (no effect at world size 1)", 0, 1);
 
   s.integer("log.every_steps", &c.log.every_steps, "a console line, metrics.jsonl and TensorBoard record every N steps", 1);
   s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = the built-in table (H100, "

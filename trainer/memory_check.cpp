@@ -8,14 +8,15 @@
 
 namespace lm {
 
-MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda) {
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda, int world_size) {
   const ModelConfig& m = cfg.model;
   const double L = static_cast<double>(m.n_layer), T = static_cast<double>(m.seq_len);
   const double V = static_cast<double>(vocab), B = static_cast<double>(cfg.train.micro_batch_size);
   const double n = static_cast<double>(param_count(m, vocab));  // what the module builds, per architecture
   MemoryEstimate e;
   e.params = 4 * n;
-  e.optimizer = (cfg.train.ema_decay > 0 ? 16 : 12) * n;
+  const double moments = cfg.dist.zero1(world_size) ? 8 * n / world_size : 8 * n;  // ZeRO-1: this rank's part
+  e.optimizer = (cfg.train.ema_decay > 0 ? 8 : 4) * n + moments;
   const double value_bytes = cfg.train.bf16() ? 2 : 4;
   // The logits: fp32 values, their fp32 copy's gradient and the loss's (3 B*T*V*4); the fused head + loss
   // keeps the probabilities in the compute dtype, its gradient written into them, beside the logits
@@ -26,9 +27,9 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool 
   return e;
 }
 
-void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device) {
+void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device, int world_size) {
   if (cfg.run.skip_memory_check) return;
-  MemoryEstimate e = estimate_memory(cfg, vocab, device.is_cuda());
+  MemoryEstimate e = estimate_memory(cfg, vocab, device.is_cuda(), world_size);
   if (device.is_cuda()) e.staging = 0;  // pinned host memory, not the device's
   const double avail = available_memory_bytes(device);
   if (avail <= 0 || e.total() <= avail) return;

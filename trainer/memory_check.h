@@ -26,11 +26,13 @@ struct MemoryEstimate {
 // the logits and their gradients (2 B*T*V values in the compute dtype with train.fused_loss on,
 // resolved for a CUDA device when `cuda`); with async checkpoints,
 // the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
-// allocated at start). An estimate, not a bound.
-MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda = false);
+// allocated at start). Under ZeRO-1 (dist.zero: 1 at world_size > 1) a rank keeps 1/world_size of
+// the AdamW moments (8N/world_size; the weights, gradients and EMA stay whole), and stages its own
+// part of them. An estimate, not a bound.
+MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda = false, int world_size = 1);
 
 // Throws ConfigError naming the estimate and the memory available when the estimate exceeds it
 // (unless cfg.run.skip_memory_check, or the available memory is unknown).
-void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device);
+void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::Device& device, int world_size = 1);
 
 }  // namespace lm

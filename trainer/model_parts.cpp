@@ -31,7 +31,8 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                    cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
   }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
-  m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim);
+  if (cfg.dist.zero1(world)) m.zero = ZeroLayout{plan_buckets(*m.flat, cfg.dist.bucket_mb), rank, world};
+  m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim, m.zero ? std::make_optional(m.zero->owned()) : std::nullopt);
   if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
   m.params = m.model->num_params();

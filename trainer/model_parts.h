@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "models/lm.h"
 #include "trainer/config.h"
+#include "trainer/ddp/zero.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/rng.h"
@@ -22,6 +24,7 @@ struct ModelParts {
   std::unique_ptr<FlatParams> flat;
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<Ema> ema;  // null when train.ema_decay is 0
+  std::optional<ZeroLayout> zero;  // dist.zero: 1 at world size > 1: the pieces AdamW owns
   int64_t params = 0;
   double flops_per_token = 0;  // at model.seq_len (models/registry.h)
 
@@ -34,7 +37,8 @@ struct ModelParts {
   void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
 };
 
-// vocab: the padded vocabulary; data_vocab: the data's (for the log line). Throws ConfigError for
+// vocab: the padded vocabulary; data_vocab: the data's (for the log line). With dist.zero: 1 at
+// world size > 1, AdamW is built over this rank's pieces of the gradient buckets (zero.h). Throws ConfigError for
 // optim.fused, optim.free_grads or optim.clip_in_step (resolve_grad_path) before building anything.
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
                              RngStreams& rng, int rank, int world);

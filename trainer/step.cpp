@@ -53,12 +53,13 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     loss_sum += loss.detach();
   }
   if (p_.grad_sync) p_.grad_sync->finish(step + 1);
-  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip).to(torch::kDouble)});
+  const auto norm = p_.zero ? p_.zero->grad_norm(step + 1) : torch::Tensor();  // ZeRO-1 with reduce-scatter: from the pieces
+  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip, norm).to(torch::kDouble)});
   return mine;
 }
 
-StepUpdate::StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world)
-    : anomaly_(anomaly), opt_(opt), ema_(ema),
+StepUpdate::StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world, ZeroShards* zero)
+    : anomaly_(anomaly), opt_(opt), ema_(ema), zero_(zero),
       deferred_(opt.fused() && world == 1 &&
                 (anomaly.continues() || (anomaly.skips() && anomaly.spike_factor <= 0))) {
   if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
@@ -81,6 +82,7 @@ void StepUpdate::update(const std::string& anomaly, double loss, double grad_nor
   if (deferred_) return;
   if (anomaly.empty() || (anomaly_.continues() && std::isfinite(loss) && std::isfinite(grad_norm))) {
     opt_.step(lr);
+    if (zero_) zero_->gather_params();  // every rank's updated pieces, before the EMA reads them
     if (ema_) ema_->update();
   }
 }

@@ -17,6 +17,7 @@
 #include "trainer/config.h"
 #include "trainer/ddp/grad_sync.h"
 #include "trainer/ddp/step_stats.h"
+#include "trainer/ddp/zero.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/device.h"
@@ -35,6 +36,7 @@ class ForwardBackward {
     SourceTokens* source_tokens;
     Comm* comm;
     GradSync* grad_sync;
+    ZeroShards* zero;  // ZeRO-1, or nullptr
     torch::Device device;
     int world;
     int64_t vocab;
@@ -75,7 +77,8 @@ struct StepResult {
 // updates after the anomaly check (update()).
 class StepUpdate {
  public:
-  StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world);
+  // zero (ZeRO-1, or nullptr): the updated pieces of the weights are all-gathered after each update.
+  StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world, ZeroShards* zero = nullptr);
   bool deferred() const { return deferred_; }
   // The step's results; where deferred() the update is queued on the device first. stats: as
   // ForwardBackward::run fills it.
@@ -92,6 +95,7 @@ class StepUpdate {
   const AnomalyConfig& anomaly_;
   AdamW& opt_;
   Ema* ema_;
+  ZeroShards* zero_;
   bool deferred_;
   std::unique_ptr<StepResult> pending_;
 };

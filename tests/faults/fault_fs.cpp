@@ -36,7 +36,8 @@ bool is_checkpoint_dir(const std::string& p) {
 }  // namespace
 
 FaultSpec FaultSpec::parse(const std::string& text) {
-  static const char* kinds[] = {"enospc", "eio", "fsync_eio", "kill_rename", "kill_renamed", "kill_writer", "powercut"};
+  static const char* kinds[] = {"enospc", "eio", "fsync_eio", "kill_rename", "kill_renamed", "kill_writer", "kill_part",
+                                "powercut"};
   const auto at = text.find('@');
   FaultSpec s;
   s.kind = text.substr(0, at);
@@ -46,7 +47,7 @@ FaultSpec FaultSpec::parse(const std::string& text) {
   if (at != std::string::npos) s.n = std::strtol(text.c_str() + at + 1, &end, 10);
   if (!known || at == std::string::npos || *end != '\0' || s.n < 1)
     throw UsageError("--fault: expected KIND@N with N >= 1 and KIND one of enospc, eio, fsync_eio, "
-                     "kill_rename, kill_renamed, kill_writer, powercut; got '" + text + "'");
+                     "kill_rename, kill_renamed, kill_writer, kill_part, powercut; got '" + text + "'");
   return s;
 }
 
@@ -98,6 +99,20 @@ int FaultFileSystem::open_for_write(const char* path, int* fd) {
 int FaultFileSystem::write(int fd, const void* data, size_t n, size_t* written) {
   tick("write", nullptr, fd);
   const long w = ++writes_;
+  if (const std::string path = path_of(fd); path.find(".part_") != std::string::npos) {
+    // A write into a rank's part of a sharded checkpoint component (checkpoint.h: <key>.part_<r>).
+    if (spec_.kind == "kill_part" && ++part_writes_ == spec_.n) {
+      // Once per run (every rank and restart share the marker next to the journal).
+      int mfd = ::open((journal_ + ".fired").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (mfd >= 0) {
+        ::close(mfd);
+        injected("write", path);
+        ::raise(SIGKILL);
+      }
+    } else if (spec_.kind != "kill_part") {
+      ++part_writes_;
+    }
+  }
   if ((spec_.kind == "enospc" && w >= spec_.n) || (spec_.kind == "eio" && w == spec_.n)) {
     if (w == spec_.n) injected("write", path_of(fd));  // enospc: the first of the failing writes
     return spec_.kind == "enospc" ? ENOSPC : EIO;
@@ -243,7 +258,7 @@ void FaultFileSystem::journal(const std::string& line) const {
 std::string FaultFileSystem::counts() const {
   return "calls=" + std::to_string(calls_.load()) + " writes=" + std::to_string(writes_.load()) +
          " syncs=" + std::to_string(syncs_.load()) + " renames=" + std::to_string(renames_.load()) +
-         " sync_dirs=" + std::to_string(sync_dirs_.load());
+         " sync_dirs=" + std::to_string(sync_dirs_.load()) + " part_writes=" + std::to_string(part_writes_.load());
 }
 
 }  // namespace lm::faults

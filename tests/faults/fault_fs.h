@@ -12,10 +12,12 @@
 //   kill_writer@N   SIGKILL at the Nth call made by the asynchronous checkpoint writer (a thread
 //                   other than the one that installed this file system); once
 //                   per run (a marker file next to the journal)
+//   kill_part@N     SIGKILL at the Nth write() into a sharded component's part file (a rank's
+//                   <key>.part_<r>.safetensors: the ZeRO-1 optimizer); once per run (the marker)
 //   powercut@N      at the Nth call of any kind: every byte not fsync'd is dropped (files truncated
 //                   to their last fsync'd size, files created or renamed in a directory not
 //                   fsync'd since are removed or renamed back), then SIGKILL: a power cut
-// Counting: how many calls of each kind the process made (a reference run's counts are the range
+// Counting: how many calls of each kind the process made (part_writes: writes into part files) (a reference run's counts are the range
 // the matrix draws N from). Journal (one line per event, appended by every process of the run):
 //   start pid=P rank=R run_id=ID restart=K   a process began (fault_trainer; launcher env or "-")
 //   durable <dir>                            a rename of a checkpoint directory (checkpoints/step_*)
@@ -37,7 +39,7 @@
 namespace lm::faults {
 
 struct FaultSpec {
-  std::string kind;  // "" (none), enospc, eio, fsync_eio, kill_rename, kill_renamed, powercut
+  std::string kind;  // "" (none), enospc, eio, fsync_eio, kill_rename, kill_renamed, kill_writer, kill_part, powercut
   long n = 0;        // 1-based index of the call that faults
   // Parses "KIND@N"; throws UsageError.
   static FaultSpec parse(const std::string& text);
@@ -54,7 +56,7 @@ class FaultFileSystem : public files::FileSystem {
   int sync_dir(const char* dir) override;
   int remove(const char* path) override;
 
-  // "calls=N writes=N syncs=N renames=N sync_dirs=N" so far.
+  // "calls=N writes=N syncs=N renames=N sync_dirs=N part_writes=N" so far.
   std::string counts() const;
   // Whether this call comes from the async writer (another process or thread than the creator's).
   bool in_writer() const;
@@ -80,7 +82,7 @@ class FaultFileSystem : public files::FileSystem {
   };
   FaultSpec spec_;
   std::string journal_;
-  std::atomic<long> calls_{0}, writes_{0}, syncs_{0}, renames_{0}, sync_dirs_{0}, writer_calls_{0};
+  std::atomic<long> calls_{0}, writes_{0}, syncs_{0}, renames_{0}, sync_dirs_{0}, writer_calls_{0}, part_writes_{0};
   int pid_ = 0, tid_ = 0;  // the creator
   std::mutex mu_;                       // guards the maps below
   std::map<int, OpenFile> open_;        // fd -> file (every run: injection records name the path)

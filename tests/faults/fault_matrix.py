@@ -11,6 +11,9 @@ Faults, in turn (each with its own seeded draw):
                 and the final save included) passes
   kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch (both ranks are
                 fault_trainer without a fault: the journal has the durable steps), likewise
+  kill_part     a 2-rank run with ZeRO-1 (dist.zero=1: each rank writes its own part of the
+                optimizer state) under build/bin/launch: one rank (drawn) is SIGKILLed at its Nth
+                write into its part file, inside a sharded save; the launcher restarts the group
   kill_writer   SIGKILL of the asynchronous checkpoint writer at its Nth file-system call
   kill_rename   SIGKILL just before the Nth rename (checkpoint commits, atomic files)
   kill_renamed  SIGKILL just after the Nth rename, before its directory is fsync'd
@@ -49,7 +52,9 @@ import tempfile
 import time
 
 KINDS = ["kill_time", "kill_rank", "kill_writer", "kill_rename", "kill_renamed", "enospc", "eio",
-         "fsync_eio", "powercut"]
+         "fsync_eio", "powercut", "kill_part"]
+LAUNCHED = ("kill_rank", "kill_part")  # kinds run under build/bin/launch, 2 ranks
+ZERO = ("dist.zero=1",)  # kill_part's runs (and their reference)
 MAX_ATTEMPTS = 6
 STEPS = 24
 
@@ -97,12 +102,16 @@ class Matrix:
             cmd += ["--fault", fault]
         return cmd + ["--", self.config, *overrides(self.data, run, extra)]
 
-    def launch_cmd(self, run, run_id):
-        # Both ranks are fault_trainer without a fault: its journal gives the run's durable steps.
-        return [f"{self.bin}/launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
-                "--run-id", run_id, "--log-dir", os.path.join(run, "launch_logs"),
-                "--", f"{self.bin}/fault_trainer", "--journal", os.path.join(run, "journal"),
-                "--", self.config, *overrides(self.data, run)]
+    def launch_cmd(self, run, run_id, fault=None, rank=None, extra=()):
+        # Both ranks are fault_trainer (its journal gives the run's durable steps); `fault` applies to
+        # rank `rank` only. Each rank counts its calls in counts.<rank>.
+        cmd = [f"{self.bin}/launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
+               "--run-id", run_id, "--log-dir", os.path.join(run, "launch_logs"),
+               "--", f"{self.bin}/fault_trainer", "--journal", os.path.join(run, "journal"),
+               "--counts", os.path.join(run, "counts.%RANK%")]
+        if fault:
+            cmd += ["--fault", fault, "--fault-rank", str(rank)]
+        return cmd + ["--", self.config, *overrides(self.data, run, extra)]
 
     def start(self, cmd, run, attempt):
         os.makedirs(run, exist_ok=True)
@@ -165,9 +174,12 @@ class Matrix:
         if rc != 0 or first is None:
             sys.exit(f"fault_matrix: the uninterrupted run {name} failed ({rc}):\n" +
                      self.read(os.path.join(run, "attempt_0.out"))[-3000:])
-        counts = dict(kv.split("=") for kv in self.read(os.path.join(run, "counts")).split()) if name != "ref_launch" else {}
+        def counts(path):
+            return {k: int(v) for k, v in (kv.split("=") for kv in self.read(path).split())}
+        launched = name.startswith("ref_launch")
         return {"losses": self.losses(run), "weights": self.weights(run), "train_seconds": end - first,
-                "counts": {k: int(v) for k, v in counts.items()}}
+                "counts": {} if launched else counts(os.path.join(run, "counts")),
+                "rank_counts": [counts(os.path.join(run, f"counts.{r}")) for r in range(2)] if launched else []}
 
     # ---- evidence ---------------------------------------------------------------------------
     @staticmethod
@@ -228,21 +240,22 @@ class Matrix:
         return lost, notes
 
     # ---- one fault ------------------------------------------------------------------------------
-    def inject(self, i, kind, rng, ref, ref_launch):
+    def inject(self, i, kind, rng, ref, ref_launch, ref_zero=None):
         """One fault, then restarts until exit 0. Injected only with evidence from the process under
         test: the journal's "injected" line (file-system faults, written by the process as the fault
         fires), or a SIGKILL that killed a live process of a run not yet completed (kill_time: its exit
         status and meta.json; kill_rank: the launcher's report of the rank's death)."""
         run = os.path.join(self.work, f"f{i:03d}_{kind}")
-        launch = kind == "kill_rank"
-        base = ref_launch if launch else ref
+        launch = kind in LAUNCHED
+        base = {"kill_rank": ref_launch, "kill_part": ref_zero}.get(kind, ref)
+        fault, fault_rank, extra_launch = None, None, ()  # kill_part: the fault of one rank, ZeRO-1
         pids = {}  # pid of each single-rank attempt -> its output file
         run_ids = []  # launch: the run id of each attempt (one launcher each)
         injected, why = True, ""
 
         def launch_attempt(attempt):
             run_ids.append(f"fm{os.getpid()}x{i}a{attempt}")
-            return self.start(self.launch_cmd(run, run_ids[-1]), run, attempt)
+            return self.start(self.launch_cmd(run, run_ids[-1], fault, fault_rank, extra_launch), run, attempt)
 
         def trainer_attempt(cmd, attempt):
             p = self.start(cmd, run, attempt)
@@ -304,6 +317,25 @@ class Matrix:
                 report = self.read(os.path.join(run, "attempt_1.out"))
                 if not re.search(rf"attempt 0 failed: rank {rank} \(node \d+\) was killed by SIGKILL", report):
                     injected, why = False, f"the launcher does not report rank {rank} killed by SIGKILL"
+            cmd = None
+        elif kind == "kill_part":
+            # One rank dies inside a sharded save: at its Nth write into its part file (once per run,
+            # fault_fs.h), N drawn from that rank's writes into part files in the reference.
+            fault_rank = rng.randint(0, 1)
+            n = rng.randint(1, max(1, base["rank_counts"][fault_rank].get("part_writes", 1)))
+            fault, extra_launch = f"kill_part@{n}", ZERO
+            detail = f"kill_part@{n} rank {fault_rank}"
+            p = launch_attempt(1)
+            rc = wait(p)
+            fired = [line for line in self.journal(run) if line.startswith("injected ")]
+            if fired:
+                what = fired[0].split(" ", 2)[2].replace(run + "/", "")
+                detail += f": {what}"
+                report = self.read(os.path.join(run, "attempt_1.out"))
+                if not re.search(rf"rank {fault_rank} \(node \d+\) was killed by SIGKILL", report):
+                    injected, why = False, f"the launcher does not report rank {fault_rank} killed by SIGKILL"
+            else:
+                injected, why = False, f"rank {fault_rank} made fewer than {n} writes into part files (exit {rc})"
             cmd = None
         else:
             counter = {"kill_writer": None, "kill_rename": "renames", "kill_renamed": "renames", "enospc": "writes",
@@ -424,11 +456,17 @@ def main():
         ref_launch = m.reference("ref_launch", lambda run: m.launch_cmd(run, ref_id),
                                  lambda run: os.path.join(run, "launch_logs", ref_id, "attempt_0", "rank_0.log")) \
             if "kill_rank" in kinds else None
+        zero_id = f"fm{os.getpid()}refzero"
+        ref_zero = m.reference("ref_launch_zero", lambda run: m.launch_cmd(run, zero_id, extra=ZERO),
+                               lambda run: os.path.join(run, "launch_logs", zero_id, "attempt_0", "rank_0.log")) \
+            if "kill_part" in kinds else None
         print(f"fault_matrix: uninterrupted runs train for {ref['train_seconds']:.1f} s (1 rank)"
               + (f", {ref_launch['train_seconds']:.1f} s (2 ranks)" if ref_launch else "")
+              + (f", {ref_zero['train_seconds']:.1f} s (2 ranks, ZeRO-1; part writes per rank "
+                 f"{[c.get('part_writes') for c in ref_zero['rank_counts']]})" if ref_zero else "")
               + f"; fs calls {ref['counts']}", flush=True)
         rng = random.Random(args.seed)
-        rows = [m.inject(i, kinds[i % len(kinds)], rng, ref, ref_launch) for i in range(args.faults)]
+        rows = [m.inject(i, kinds[i % len(kinds)], rng, ref, ref_launch, ref_zero) for i in range(args.faults)]
     finally:
         m.close()
     print_table(rows, kinds, time.time() - t0)

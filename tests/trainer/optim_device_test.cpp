@@ -156,6 +156,16 @@ TEST(MemoryEstimate, ParametersAreWhatTheArchitectureBuilds) {
       const auto e = estimate_memory(cfg, V);
       EXPECT_DOUBLE_EQ(e.params, 4 * built) << m.arch << " d " << m.d_model << " kv " << m.n_kv_head << " V " << V;
       EXPECT_DOUBLE_EQ(e.optimizer, 12 * built);
+      // ZeRO-1: a rank keeps 1/world_size of the moments (8N); gradients and EMA stay whole.
+      ExperimentConfig z = cfg;
+      z.dist.zero = 1;
+      EXPECT_DOUBLE_EQ(estimate_memory(z, V, false, 1).optimizer, 12 * built);  // one rank: nothing to shard
+      EXPECT_DOUBLE_EQ(estimate_memory(z, V, false, 4).optimizer, 4 * built + 2 * built);
+      EXPECT_DOUBLE_EQ(estimate_memory(cfg, V, false, 4).optimizer, 12 * built);  // dist.zero: 0
+      z.train.ema_decay = 0.999, z.checkpoint.async = true;
+      const auto ze = estimate_memory(z, V, false, 2);
+      EXPECT_DOUBLE_EQ(ze.optimizer, 8 * built + 4 * built);
+      EXPECT_DOUBLE_EQ(ze.staging, 4 * built + 4 * built + 4 * built);  // weights, EMA, this rank's moments
     }
   }
   ExperimentConfig l3;  // Llama 3 8B

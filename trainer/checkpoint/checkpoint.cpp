@@ -283,19 +283,25 @@ double plans_mb(const std::vector<files::FilePlan>& plans) {
 
 const std::map<std::string, std::string> kTensorFileMeta = {{"format", "pt"}};
 
-// Rank 0's tensor files: one per replicated component that has tensors, named after its key.
+// A rank's tensor files: rank 0's one per replicated component that has tensors, named after its
+// key; every rank's part of each sharded component.
 std::string tensor_file(const std::string& key) { return key + ".safetensors"; }
-TensorFiles tensor_files(const CheckpointState& st) {
+std::string part_file(const std::string& key, int rank) { return key + ".part_" + std::to_string(rank) + ".safetensors"; }
+TensorFiles tensor_files(const CheckpointState& st, int rank) {
   TensorFiles tfiles;
-  for (auto& [key, c] : st.replicated)
-    if (!c.tensors.empty()) tfiles.emplace_back(tensor_file(key), c.tensors);
+  if (rank == 0)
+    for (auto& [key, c] : st.replicated)
+      if (!c.tensors.empty()) tfiles.emplace_back(tensor_file(key), c.tensors);
+  for (auto& [key, c] : st.sharded) tfiles.emplace_back(part_file(key, rank), c.tensors);
   return tfiles;
 }
 
 }  // namespace
 
 void Checkpointer::prepare(const CheckpointState& st) {
-  if (cfg_.async && rank_ == 0) staging_.prepare(tensor_files(st), kTensorFileMeta);
+  if (!cfg_.async) return;
+  const TensorFiles tfiles = tensor_files(st, rank_);
+  if (!tfiles.empty()) staging_.prepare(tfiles, kTensorFileMeta);
 }
 
 // This rank's files as write plans. Sync (f null): the tensor files' spans point into the state's
@@ -304,25 +310,31 @@ void Checkpointer::prepare(const CheckpointState& st) {
 std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep,
                                                       InFlight* f) {
   std::vector<files::FilePlan> plans;
+  const TensorFiles tfiles = tensor_files(st, rank_);
+  if (f && !tfiles.empty()) {
+    plans = staging_.stage(tfiles, kTensorFileMeta, &f->copies, keep);
+  } else {
+    for (auto& [name, tensors] : tfiles) {
+      auto tp = plan_safetensors(name, tensors, kTensorFileMeta);
+      keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
+      plans.push_back(std::move(tp.plan));
+    }
+  }
   if (rank_ == 0) {
     nlohmann::json values = nlohmann::json::object(), file_of = nlohmann::json::object();
+    nlohmann::json parts_of = nlohmann::json::object();
     for (auto& [key, c] : st.replicated) {
       values[key] = c.values;
       if (!c.tensors.empty()) file_of[key] = tensor_file(key);
     }
-    const TensorFiles tfiles = tensor_files(st);
-    if (f) {
-      plans = staging_.stage(tfiles, kTensorFileMeta, &f->copies, keep);
-    } else {
-      for (auto& [name, tensors] : tfiles) {
-        auto tp = plan_safetensors(name, tensors, kTensorFileMeta);
-        keep->insert(keep->end(), tp.keep.begin(), tp.keep.end());
-        plans.push_back(std::move(tp.plan));
-      }
+    for (auto& [key, c] : st.sharded) {  // the values are the same on every rank: rank 0's
+      values[key] = c.values;
+      for (int r = 0; r < world_; ++r) parts_of[key].push_back(part_file(key, r));
     }
     nlohmann::json state = {{"magic", kCheckpointMagic}, {"version", kCheckpointVersion}, {"step", st.step},
                             {"world_size", world_}, {"run", st.run}, {"components", values},
                             {"tensor_files", file_of}};
+    if (!parts_of.empty()) state["part_files"] = parts_of;
     plans.push_back({"state.json", state.dump(2) + "\n", {}});
   }
   nlohmann::json mine = nlohmann::json::object();
@@ -505,6 +517,10 @@ class CheckedReader {
   NamedTensors tensors(const std::string& name) const {
     return load_safetensors(dir_ + "/" + name, nullptr, entry(name).second);
   }
+  // Throws CheckpointError unless the file is listed and its checksum matches (read, not kept).
+  void check(const std::string& name) const {
+    if (hex64(xxh64_file(dir_ + "/" + name)) != entry(name).second) throw CheckpointError(dir_ + "/" + name + ": checksum mismatch");
+  }
 
  private:
   const std::pair<uint64_t, std::string>& entry(const std::string& name) const {
@@ -589,6 +605,19 @@ CheckpointState Checkpointer::load(const std::string& dir) {
     st.run = state.at("run");
     for (auto& [key, values] : state.at("components").items()) st.replicated[key].values = values;
     for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].tensors = in.tensors(file.get<std::string>());
+    // A sharded component's parts: checked now (a damaged one makes this checkpoint not verify),
+    // read one at a time when the component loads them.
+    if (state.contains("part_files"))
+      for (auto& [key, files] : state.at("part_files").items()) {
+        if (files.size() != static_cast<size_t>(head.world_size))
+          throw CheckpointError(dir + "/state.json: " + std::to_string(files.size()) + " parts of '" + key + "' for " +
+                                std::to_string(head.world_size) + " ranks");
+        for (auto& file : files) {
+          const std::string name = file.get<std::string>();
+          in.check(name);
+          st.replicated[key].shards.push_back([in, name] { return in.tensors(name); });
+        }
+      }
     // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
     // global; an own-rank component (the RNG streams) gets none (StateRegistry::Scope::kOwnRank).
     const std::string mine = "rank_" + std::to_string(rank_) + ".json";

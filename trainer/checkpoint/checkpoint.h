@@ -2,6 +2,7 @@
 //
 // RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run_dir.h)
 //   <key>.safetensors  tensors of each replicated component (model, optimizer, ema)     rank 0
+//   <key>.part_<r>.safetensors  rank r's part of a sharded component (ZeRO-1 optimizer)  every rank
 //   state.json         magic, version, step, run facts, replicated components' values  rank 0
 //   rank_<r>.json      that rank's components (loader state, RNG streams)               every rank
 //   manifest.json      magic, version, every file with bytes and xxh64                  rank 0, LAST
@@ -10,6 +11,9 @@
 // files (rank_<r>.done markers on the shared file system, each renamed into place whole), writes manifest.json, renames the
 // directory into place and fsyncs the parent. A directory without a verifying manifest is never a
 // checkpoint.
+//
+// A sharded component's parts are listed in state.json ("part_files"); load() checks every part's
+// checksum and hands them to the component to read one at a time, at any world size (state.h).
 //
 // Async saves stage the tensor files as images in one reusable host buffer (staging.h; pinned when
 // the tensors live on a CUDA device) and a writer thread writes them from there (direct I/O where

@@ -15,13 +15,17 @@ CheckpointState StateRegistry::snapshot(int64_t step, nlohmann::json run) const 
   CheckpointState st;
   st.step = step;
   st.run = std::move(run);
-  for (const auto& e : entries_) (e.scope == Scope::kReplicated ? st.replicated : st.per_rank)[e.key] = e.component->state();
+  for (const auto& e : entries_) {
+    auto& part = e.scope == Scope::kReplicated ? st.replicated : e.scope == Scope::kSharded ? st.sharded : st.per_rank;
+    part[e.key] = e.component->state();
+  }
   return st;
 }
 
 void StateRegistry::restore(const CheckpointState& st, const std::string& where) const {
   for (const auto& e : entries_) {
-    const auto& part = e.scope == Scope::kReplicated ? st.replicated : st.per_rank;
+    const bool whole = e.scope == Scope::kReplicated || e.scope == Scope::kSharded;  // loaded, both are whole
+    const auto& part = whole ? st.replicated : st.per_rank;
     auto it = part.find(e.key);
     if (it == part.end() && !e.optional) throw CheckpointError(where + ": has no state for '" + e.key + "'");
     const bool others = e.scope == Scope::kOwnRank && st.saved_rank != st.loaded_rank;

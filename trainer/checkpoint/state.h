@@ -5,6 +5,8 @@
 //
 // Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
 //   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
+//   <key>.part_<r>.safetensors  rank r's part of a sharded component's tensors (the
+//                      ZeRO-1 optimizer; its values in state.json)                    every rank
 //   state.json         {"magic", "version", "step", "world_size", "run": {...},
 //                       "components": {<key>: <values>}} for the replicated components  rank 0
 //   rank_<r>.json      {"rank", "components": {<key>: <values>}} for the per-rank ones  every rank
@@ -57,6 +59,9 @@ struct CheckpointState {
   nlohmann::json run = nlohmann::json::object();
   std::map<std::string, ComponentState> replicated;  // the same on every rank; written by rank 0
   std::map<std::string, ComponentState> per_rank;    // this rank's own
+  // Saved: this rank's part of each sharded component. Loaded: a sharded component is in
+  // `replicated`, its values with every part the saving run wrote as ComponentState::shards.
+  std::map<std::string, ComponentState> sharded;
   int saved_rank = 0;   // loaded: the rank that wrote per_rank (another one when the world grew)
   int loaded_rank = 0;  // loaded: the rank that read it
 };
@@ -68,7 +73,10 @@ class StateRegistry {
   // kReplicated: the same on every rank. kPerRank: each rank's own; a rank the checkpoint has none
   // for (the world grew) gets rank 0's (the loader: its cursor is global). kOwnRank: each rank's
   // own or nothing: a rank that would get another rank's is handed nullptr (the RNG streams).
-  enum class Scope { kReplicated, kPerRank, kOwnRank };
+  // kSharded: one state cut into parts, each rank saving its own (the ZeRO-1 optimizer); every
+  // rank is handed every part (ComponentState::shards) and keeps what it owns now, at any world
+  // size. A replicated state and a sharded one load into either kind of component.
+  enum class Scope { kReplicated, kPerRank, kOwnRank, kSharded };
 
   // `c` under `key`; an optional component is handed nullptr when a checkpoint has no state for
   // it, a required one is refused. REQUIRES: `key` not registered yet; `c` outlives the registry.

@@ -3,6 +3,7 @@
 // prints them with the defaults below.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace lm {
@@ -11,6 +12,9 @@ struct DistConfig {
   std::string backend = "auto";
   double timeout_s = 300;
   double bucket_mb = 25;
+  int64_t zero = 0;  // 1: ZeRO-1, the AdamW moments sharded over the ranks (ddp/zero.h)
+
+  bool zero1(int world) const { return zero == 1 && world > 1; }  // the one test of whether it applies
 
   bool backend_auto() const { return backend == "auto"; }
 };

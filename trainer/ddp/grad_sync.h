@@ -12,6 +12,7 @@
 namespace lm {
 
 class FlatParams;
+class ZeroShards;
 
 // Sums gradients over ranks in buckets of ~bucket_mb, each launched as soon as backward has
 // accumulated every gradient in it (post-hooks on the parameters' AccumulateGrad nodes), so
@@ -19,7 +20,9 @@ class FlatParams;
 // buffer and are launched strictly in bucket order (the same on every rank).
 class GradSync {
  public:
-  GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb);
+  // zero (optional, ZeRO-1): with its reduce_scatter(), each bucket is reduce-scattered into the
+  // owned pieces instead of all-reduced (zero.h).
+  GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb, const ZeroShards* zero = nullptr);
   ~GradSync();
   // Before each micro-step's backward: sync = this is the last micro-step of the step (only it
   // communicates).
@@ -33,13 +36,14 @@ class GradSync {
   struct Bucket {
     int64_t offset, numel;
     int pending_total, pending;
-    std::shared_ptr<Comm::Pending> work;
+    std::shared_ptr<Comm::Pending> work, tail;  // tail: ZeRO-1's left-over values, all-reduced
   };
   void ready(size_t entry);
   void launch_ready_in_order();
 
   Comm& comm_;
   FlatParams& flat_;
+  const ZeroShards* zero_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_entry_;
   size_t next_launch_ = 0;
@@ -49,6 +53,7 @@ class GradSync {
 
 // Data parallel over `comm`: rank 0's parameters broadcast to every rank (after a resume every rank
 // restored the same ones: one source of truth all the same), then the gradient buckets (logged).
-std::unique_ptr<GradSync> start_data_parallel(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb);
+std::unique_ptr<GradSync> start_data_parallel(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb,
+                                              const ZeroShards* zero = nullptr);
 
 }  // namespace lm

@@ -34,6 +34,7 @@ struct Comm::Impl {
 struct Comm::Pending {
   c10::intrusive_ptr<c10d::Work> work;
   torch::Tensor tensor;
+  torch::Tensor copy_from, copy_to;  // once done: copy_to.copy_(copy_from) (Gloo's reduce-scatter)
 };
 
 Comm::Comm(const LaunchEnv& e, const DistConfig& cfg, const torch::Device& device, const std::string& nccl_log_dir)
@@ -121,6 +122,47 @@ std::shared_ptr<Comm::Pending> Comm::all_reduce_async(torch::Tensor t) {
   return p;
 }
 
+std::shared_ptr<Comm::Pending> Comm::reduce_scatter_async(torch::Tensor in, torch::Tensor out) {
+  auto p = std::make_shared<Pending>();
+  const int64_t s = out.numel();
+  TORCH_CHECK(in.numel() == s * world_, "reduce_scatter_async: in holds world_size * out.numel() values");
+  if (backend_ == "nccl") {
+    p->tensor = in;
+    p->copy_from = out;  // kept alive until the wait
+    p->work = impl_->pg->_reduce_scatter_base(out, in);
+    return p;
+  }
+  p->tensor = in.clone();
+  std::vector<torch::Tensor> ts{p->tensor};
+  p->work = impl_->pg->allreduce(ts);
+  p->copy_from = p->tensor.narrow(0, rank_ * s, s);
+  p->copy_to = out;
+  return p;
+}
+
+std::shared_ptr<Comm::Pending> Comm::broadcast_async(torch::Tensor t, int root) {
+  TORCH_CHECK(t.device() == impl_->device && t.is_contiguous(), "broadcast_async: a contiguous tensor on the comm device");
+  auto p = std::make_shared<Pending>();
+  p->tensor = t;
+  std::vector<torch::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  p->work = impl_->pg->broadcast(ts, o);
+  return p;
+}
+
+std::shared_ptr<Comm::Pending> Comm::all_gather_in_place_async(torch::Tensor t) {
+  TORCH_CHECK(backend_ == "nccl", "all_gather_in_place_async: NCCL only");
+  const int64_t s = t.numel() / world_;
+  TORCH_CHECK(s * world_ == t.numel(), "all_gather_in_place_async: world_size * s values");
+  auto p = std::make_shared<Pending>();
+  p->tensor = t;
+  auto mine = t.narrow(0, rank_ * s, s);
+  p->copy_from = mine;  // kept alive until the wait
+  p->work = impl_->pg->_allgather_base(t, mine);
+  return p;
+}
+
 // Gloo: the host waits, at most dist.timeout_s. NCCL: wait() without a timeout only makes the
 // current CUDA stream wait for the collective (ProcessGroupNCCL.cpp, WorkNCCL::wait: a timeout, or
 // TORCH_NCCL_BLOCKING_WAIT, turns it into a host busy-wait that stalls the queue), so the host keeps
@@ -136,6 +178,7 @@ void Comm::wait(const std::shared_ptr<Pending>& p, const std::string& what) {
     throw Error("collective '" + what + "' failed on rank " + std::to_string(rank_) + " (timeout " +
                 strf("%.0f", timeout_s_) + " s): " + first_line(ex));
   }
+  if (p->copy_to.defined()) p->copy_to.copy_(p->copy_from);
 }
 
 void Comm::all_reduce_sum(torch::Tensor& t, const std::string& what) {

@@ -38,6 +38,17 @@ class Comm {
   // Asynchronous sum all-reduce of a contiguous tensor on the comm device; wait() returns when done.
   struct Pending;
   std::shared_ptr<Pending> all_reduce_async(torch::Tensor t);
+  // Asynchronous sum reduce-scatter: `out` (s values) gets this rank's slice [rank*s, (rank+1)*s)
+  // of the sum of every rank's `in` (world*s values); `out` may be that slice of `in` (in place).
+  // NCCL reduce-scatters; Gloo has no reduce-scatter and all-reduces a copy of `in` instead (the
+  // slice is copied into `out` by wait()).
+  std::shared_ptr<Pending> reduce_scatter_async(torch::Tensor in, torch::Tensor out);
+  // Asynchronous broadcast of a contiguous tensor on the comm device from `root`, in place.
+  std::shared_ptr<Pending> broadcast_async(torch::Tensor t, int root);
+  // Asynchronous in-place all-gather (NCCL only): `t` holds world*s values; rank r's slice
+  // [r*s, (r+1)*s) goes to every rank, in place (ncclAllGather with the send buffer inside the
+  // receive buffer).
+  std::shared_ptr<Pending> all_gather_in_place_async(torch::Tensor t);
   void wait(const std::shared_ptr<Pending>& p, const std::string& what);
 
  private:

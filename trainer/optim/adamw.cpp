@@ -2,11 +2,13 @@
 #include "trainer/optim/adamw.h"
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
 #include "common/torch/compat.h"
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace lm {
 
@@ -98,10 +100,10 @@ void FlatParams::zero_grad() {
   for (auto& t : tensors_) t.mutable_grad().reset();
 }
 
-torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
+torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm) {
   const bool free = flat.path().free_grads;
   const auto grads = free ? flat.grad_list() : std::vector<torch::Tensor>();
-  auto norm = free ? compat::global_norm(grads) : flat.grads().norm();
+  if (!norm.defined()) norm = free ? compat::global_norm(grads) : flat.grads().norm();
   if (max_norm > 0 && flat.path().clip_in_step) {
     flat.set_grad_scale(((norm + 1e-6) / max_norm).clamp_min(1.0));  // the inverse of coef below
   } else if (max_norm > 0) {
@@ -112,9 +114,20 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm) {
   return norm;
 }
 
-AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg) : flat_(flat), cfg_(cfg) {
-  m_ = torch::zeros_like(flat.params());
-  v_ = torch::zeros_like(flat.params());
+AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector<FlatRange>> owned)
+    : flat_(flat), cfg_(cfg), owned_(owned ? std::move(*owned) : std::vector<FlatRange>{{0, flat.numel()}}),
+      sharded_(owned.has_value()) {
+  TORCH_CHECK(!(sharded_ && flat.path().free_grads), "AdamW: sharded moments need the flat gradient buffer");
+  int64_t state = 0;  // the owned ranges cut where the decay runs change
+  for (const auto& r : owned_) {
+    for (const auto& run : flat.decay_runs()) {
+      const int64_t a = std::max(r.offset, run.offset), b = std::min(r.offset + r.numel, run.offset + run.numel);
+      if (a < b) segments_.push_back({a, b - a, state + (a - r.offset), run.decay});
+    }
+    state += r.numel;
+  }
+  m_ = torch::zeros({state}, flat.params().options());
+  v_ = torch::zeros({state}, flat.params().options());
   fused_ = resolve_fused(cfg, flat.params().is_cuda());
   TORCH_CHECK(fused_ || !(flat.path().free_grads || flat.path().clip_in_step),
               "AdamW: free or in-step clipped gradients need the fused AdamW (resolve_grad_path refuses them)");
@@ -138,14 +151,16 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
     float* vp = v_.data_ptr<float>();
     const float fb1 = b1, fb2 = b2, omb1 = 1 - b1, omb2 = 1 - b2, feps = eps, fss = step_size,
                 finv_bc2 = 1.0 / bc2_sqrt;
-    for (const auto& run : flat_.decay_runs()) {
-      const float fdecay = run.decay ? 1.0 - lr * wd : 1.0f;
-      at::parallel_for(run.offset, run.offset + run.numel, 1 << 15, [&](int64_t begin, int64_t end) {
+    for (const auto& seg : segments_) {  // unsharded: the decay runs, moments at the same offsets
+      const float fdecay = seg.decay ? 1.0 - lr * wd : 1.0f;
+      const int64_t shift = seg.state_offset - seg.offset;  // flat index -> moment index
+      at::parallel_for(seg.offset, seg.offset + seg.numel, 1 << 15, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-          float mi = fb1 * mp[i] + omb1 * gp[i];
-          float vi = fb2 * vp[i] + omb2 * gp[i] * gp[i];
-          mp[i] = mi;
-          vp[i] = vi;
+          const int64_t j = i + shift;
+          float mi = fb1 * mp[j] + omb1 * gp[i];
+          float vi = fb2 * vp[j] + omb2 * gp[i] * gp[i];
+          mp[j] = mi;
+          vp[j] = vi;
           pp[i] = pp[i] * fdecay - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
         }
       });
@@ -154,11 +169,17 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   }
   torch::NoGradGuard ng;
   if (wd > 0)
-    for (const auto& run : flat_.decay_runs())
-      if (run.decay) p.narrow(0, run.offset, run.numel).mul_(1.0 - lr * wd);
-  m_.mul_(b1).add_(g, 1 - b1);
-  v_.mul_(b2).addcmul_(g, g, 1 - b2);
-  p.addcdiv_(m_, (v_.sqrt() / bc2_sqrt).add_(eps), -step_size);
+    for (const auto& seg : segments_)
+      if (seg.decay) p.narrow(0, seg.offset, seg.numel).mul_(1.0 - lr * wd);
+  int64_t state = 0;
+  for (const auto& r : owned_) {  // unsharded: one range, the whole buffer
+    auto m = m_.narrow(0, state, r.numel), v = v_.narrow(0, state, r.numel);
+    auto pr = p.narrow(0, r.offset, r.numel), gr = g.narrow(0, r.offset, r.numel);
+    m.mul_(b1).add_(gr, 1 - b1);
+    v.mul_(b2).addcmul_(gr, gr, 1 - b2);
+    pr.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), -step_size);
+    state += r.numel;
+  }
 }
 
 // One at::_fused_adamw_ call per decay group (decayed matrices, the rest), over views of the flat
@@ -178,20 +199,21 @@ void AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
   const auto grads = free ? flat_.grad_list() : std::vector<torch::Tensor>();
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<torch::Tensor> ps, gs, ms, vs, ts;
-    auto add = [&](int64_t offset, int64_t numel, const torch::Tensor& g) {
+    auto add = [&](int64_t offset, int64_t numel, int64_t state_offset, const torch::Tensor& g) {
       ps.push_back(p.narrow(0, offset, numel));
       gs.push_back(g);
-      ms.push_back(m_.narrow(0, offset, numel));
-      vs.push_back(v_.narrow(0, offset, numel));
+      ms.push_back(m_.narrow(0, state_offset, numel));
+      vs.push_back(v_.narrow(0, state_offset, numel));
       ts.push_back(step_);
     };
     if (free) {
       const auto& entries = flat_.entries();
       for (size_t i = 0; i < entries.size(); ++i)
-        if (entries[i].decay == (decay == 1)) add(entries[i].offset, entries[i].numel, grads[i].reshape({-1}));
+        if (entries[i].decay == (decay == 1)) add(entries[i].offset, entries[i].numel, entries[i].offset, grads[i].reshape({-1}));
     } else {
-      for (const auto& run : flat_.decay_runs())
-        if (run.decay == (decay == 1)) add(run.offset, run.numel, flat_.grads().narrow(0, run.offset, run.numel));
+      for (const auto& seg : segments_)  // unsharded: the decay runs
+        if (seg.decay == (decay == 1))
+          add(seg.offset, seg.numel, seg.state_offset, flat_.grads().narrow(0, seg.offset, seg.numel));
     }
     if (!ps.empty())
       compat::fused_adamw(ps, gs, ms, vs, ts, lr, cfg_.beta1, cfg_.beta2, decay ? cfg_.weight_decay : 0.0, cfg_.eps,
@@ -208,26 +230,95 @@ int64_t AdamW::steps() const { return step_.defined() ? static_cast<int64_t>(ste
 ComponentState AdamW::state() const {
   ComponentState st;
   st.values = {{"kind", "adamw"}, {"step", steps()}};
-  for (const auto& e : flat_.entries()) {
-    st.tensors.emplace_back("exp_avg/" + e.name, m_.narrow(0, e.offset, e.numel));
-    st.tensors.emplace_back("exp_avg_sq/" + e.name, v_.narrow(0, e.offset, e.numel));
+  if (!sharded_) {
+    for (const auto& e : flat_.entries()) {
+      st.tensors.emplace_back("exp_avg/" + e.name, m_.narrow(0, e.offset, e.numel));
+      st.tensors.emplace_back("exp_avg_sq/" + e.name, v_.narrow(0, e.offset, e.numel));
+    }
+    return st;
+  }
+  int64_t state = 0;  // each owned range cut at the parameters' edges
+  for (const auto& r : owned_) {
+    for (const auto& e : flat_.entries()) {
+      const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
+      if (a >= b) continue;
+      const std::string slice = strf("[%lld:%lld]", (long long)(a - e.offset), (long long)(b - e.offset));
+      st.tensors.emplace_back("exp_avg/" + e.name + slice, m_.narrow(0, state + (a - r.offset), b - a));
+      st.tensors.emplace_back("exp_avg_sq/" + e.name + slice, v_.narrow(0, state + (a - r.offset), b - a));
+    }
+    state += r.numel;
   }
   return st;
 }
 
-void AdamW::load_state(const ComponentState* in) {
-  const ComponentState& st = *in;
-  std::map<std::string, torch::Tensor> by_name(st.tensors.begin(), st.tensors.end());
+namespace {
+// "exp_avg/<param>" (the whole parameter) or "exp_avg/<param>[a:b]" (values a..b-1 of it).
+struct MomentSlice {
+  bool second = false;  // exp_avg_sq
+  std::string param;
+  int64_t begin = 0, end = -1;  // end -1: to the parameter's end
+};
+bool parse_moment_slice(const std::string& key, MomentSlice* out) {
+  std::string rest;
+  if (key.rfind("exp_avg_sq/", 0) == 0) out->second = true, rest = key.substr(11);
+  else if (key.rfind("exp_avg/", 0) == 0) rest = key.substr(8);
+  else return false;
+  const auto open = rest.rfind('[');
+  if (open == std::string::npos || rest.back() != ']') {
+    out->param = rest;
+    return true;
+  }
+  out->param = rest.substr(0, open);
+  long long a = 0, b = 0;
+  char tail = 0;
+  if (std::sscanf(rest.c_str() + open, "[%lld:%lld%c", &a, &b, &tail) != 3 || tail != ']') return false;
+  out->begin = a, out->end = b;
+  return true;
+}
+}  // namespace
+
+// Copies what this rank owns of each whole or sliced moment tensor into the moments; *covered
+// counts the values copied into each owned range (twice its numel once both moments are in).
+void AdamW::load_tensors(const NamedTensors& ts, std::vector<int64_t>* covered) {
+  std::map<std::string, const FlatParams::Entry*> by_name;
+  for (const auto& e : flat_.entries()) by_name[e.name] = &e;
   torch::NoGradGuard ng;
-  for (const auto& e : flat_.entries()) {
-    for (auto* moment : {&m_, &v_}) {
-      const std::string key = (moment == &m_ ? "exp_avg/" : "exp_avg_sq/") + e.name;
-      auto it = by_name.find(key);
-      if (it == by_name.end() || it->second.numel() != e.numel)
-        throw CheckpointError("optimizer state: missing or mis-shaped tensor '" + key + "'");
-      moment->narrow(0, e.offset, e.numel).copy_(it->second.reshape({-1}));
+  for (const auto& [key, t] : ts) {
+    MomentSlice s;
+    if (!parse_moment_slice(key, &s)) throw CheckpointError("optimizer state: unexpected tensor '" + key + "'");
+    auto it = by_name.find(s.param);
+    if (it == by_name.end()) throw CheckpointError("optimizer state: tensor '" + key + "' names no parameter of this model");
+    const auto& e = *it->second;
+    if (s.end < 0) s.end = e.numel;
+    if (s.begin < 0 || s.begin > s.end || s.end > e.numel || t.numel() != s.end - s.begin)
+      throw CheckpointError(strf("optimizer state: tensor '%s' (%lld values) does not fit parameter '%s' (%lld values)",
+                                 key.c_str(), (long long)t.numel(), e.name.c_str(), (long long)e.numel));
+    const auto flat_t = t.reshape({-1});
+    auto& moment = s.second ? v_ : m_;
+    int64_t state = 0;
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const auto& r = owned_[i];
+      const int64_t a = std::max(r.offset, e.offset + s.begin), b = std::min(r.offset + r.numel, e.offset + s.end);
+      if (a < b) {
+        moment.narrow(0, state + (a - r.offset), b - a).copy_(flat_t.narrow(0, a - e.offset - s.begin, b - a));
+        (*covered)[i] += b - a;
+      }
+      state += r.numel;
     }
   }
+}
+
+void AdamW::load_state(const ComponentState* in) {
+  const ComponentState& st = *in;
+  std::vector<int64_t> covered(owned_.size(), 0);
+  load_tensors(st.tensors, &covered);
+  for (const auto& read_shard : st.shards) load_tensors(read_shard(), &covered);  // one part in memory at a time
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (covered[i] != 2 * owned_[i].numel)
+      throw CheckpointError(strf("optimizer state: the moments of flat values %lld..%lld got %lld values from the "
+                                 "checkpoint, %lld expected (a part missing, or parts overlapping)",
+                                 (long long)owned_[i].offset, (long long)(owned_[i].offset + owned_[i].numel - 1),
+                                 (long long)covered[i], (long long)(2 * owned_[i].numel)));
   t_ = st.values.at("step").get<int64_t>();
   step_ = torch::Tensor();  // the fused kernel's device-side counter is rebuilt from t_
 }

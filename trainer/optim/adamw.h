@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ bool resolve_fused(const OptimConfig& cfg, bool cuda);
 // gradient buffer; and naming optim.fused as resolve_fused does.
 GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group = false);
 
+// A range of the flat buffers: [offset, offset + numel).
+struct FlatRange {
+  int64_t offset, numel;
+};
+
 class FlatParams {
  public:
   struct Entry {
@@ -52,6 +58,7 @@ class FlatParams {
 
   const GradPath& path() const { return path_; }
   torch::Tensor& params() { return params_; }  // (numel,)
+  const torch::Tensor& params() const { return params_; }
   // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads.
   torch::Tensor& grads();
   // Every parameter's .grad in entries() order (views of grads(), or the free tensors); a free
@@ -79,8 +86,9 @@ class FlatParams {
 // Scales gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0): by
 // max_norm / (norm + 1e-6) where that is below 1, in place, or with path().clip_in_step, by setting
 // flat.grad_scale() to its inverse for the fused AdamW. Returns the norm before clipping as a 0-dim
-// tensor (no host sync).
-torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
+// tensor (no host sync). norm: the norm already taken elsewhere (ZeRO-1's, from the owned pieces
+// of the gradients), or undefined: taken here.
+torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm = {});
 
 // AdamW with decoupled weight decay, the same update as torch.optim.AdamW (non-amsgrad):
 //   p *= 1 - lr*wd (decayed entries only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -90,11 +98,19 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm);
 // buffers, on CUDA the same update as tensor ops. With free gradients the fused kernel runs on one
 // list entry per parameter (the moments still views of the flat ones) and the step releases the
 // gradients; with clip_in_step it divides them by flat.grad_scale().
+//
+// Sharded (ZeRO-1, trainer/ddp/zero.h): constructed with the ranges of the flat buffer this rank
+// owns, it keeps the moments of those ranges only, packed one after another, and steps only them
+// (the same update of each value: the same bits as the whole buffer's); whoever shards it gathers
+// the updated weights afterwards.
 class AdamW : public Stateful {
  public:
   // Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel here.
-  // REQUIRES: flat.path() as resolve_grad_path gives it (free or in-step gradients need the fused AdamW).
-  AdamW(FlatParams& flat, const OptimConfig& cfg);
+  // owned: the ranges this rank updates, ascending and disjoint (none: the whole buffer; an empty
+  // list: nothing).
+  // REQUIRES: flat.path() as resolve_grad_path gives it (free or in-step gradients need the fused
+  // AdamW); no owned list with free gradients.
+  AdamW(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector<FlatRange>> owned = std::nullopt);
   // One update. found_inf (optional): a 0-dim float32 tensor on the parameters' device; where it
   // holds 1 the step is skipped entirely (weights, moments and the step count stay as they were).
   // The fused kernel reads it on the device (no host sync); the flat update reads it on the host.
@@ -106,19 +122,35 @@ class AdamW : public Stateful {
   // Updates taken so far (skipped ones not counted). With the fused path this reads the device
   // counter (a host sync).
   int64_t steps() const;
+  // The moments: (numel,) like the flat buffer, or sharded, the owned ranges' values one after another.
   torch::Tensor& exp_avg() { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
-  // State under "optimizer": values {kind, step}; tensors "exp_avg/<param>", "exp_avg_sq/<param>"
-  // (views into the flat moments, no copy). load_state throws CheckpointError naming a missing or
-  // mis-shaped tensor.
+  bool sharded() const { return sharded_; }
+  // Bytes of optimizer state this rank holds (the two moments).
+  int64_t state_bytes() const { return (m_.numel() + v_.numel()) * static_cast<int64_t>(m_.element_size()); }
+  // State under "optimizer": values {kind, step}; tensors "exp_avg/<param>", "exp_avg_sq/<param>",
+  // or sharded, the owned part of each parameter's, "exp_avg/<param>[a:b]" (values a..b-1 of the
+  // flattened parameter); views into the moments, no copy. load_state takes whole or sliced tensors,
+  // from st->tensors and from every shard of st->shards (read one at a time), keeps what this rank
+  // owns, and throws CheckpointError naming a tensor that does not fit a parameter, or when the
+  // owned values are not covered exactly once.
   ComponentState state() const override;
   void load_state(const ComponentState* st) override;
 
  private:
+  // A piece of an owned range within one decay run: flat offset, numel, offset in the moments.
+  struct Segment {
+    int64_t offset, numel, state_offset;
+    bool decay;
+  };
   FlatParams& flat_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
+  std::vector<FlatRange> owned_;
+  std::vector<Segment> segments_;  // the owned ranges cut at the decay runs' edges, in flat order
+  bool sharded_ = false;
   void fused_step(double lr, const torch::Tensor& found_inf);
+  void load_tensors(const NamedTensors& ts, std::vector<int64_t>* covered);
 
   bool fused_ = false;
   WriteFence* fence_ = nullptr;
