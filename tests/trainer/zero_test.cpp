@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "common/errors.h"
+#include "common/torch/compat.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/ddp/zero.h"
@@ -291,6 +292,29 @@ TEST_F(ZeroE2E, ANonFiniteStepIsSkippedOnEveryShard) {
   auto eb = load_safetensors(zero / "checkpoints/step_00000006/ema.safetensors");
   ASSERT_EQ(ea.size(), eb.size());
   for (size_t i = 0; i < ea.size(); ++i) EXPECT_TRUE(torch::equal(ea[i].second, eb[i].second)) << ea[i].first;
+}
+
+// The GPU's optimizer path on a CPU (LibTorch >= 2.4: bash launch/torch2.sh): at::_fused_adamw_
+// over each rank's segments, the clip coefficient as its grad_scale, the EMA; cut at step 3 and
+// resumed: bit for bit plain data parallelism's run.
+TEST_F(ZeroE2E, FusedAdamWClipInStepAndResumeSameAsPlain) {
+  if (!compat::kHasCpuFusedAdamW)
+    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no CPU fused AdamW (>= 2.4): "
+                 << "bash launch/torch2.sh runs this against LibTorch 2.6";
+  TempDir plain, zero;
+  const std::vector<std::string> common = {"train.micro_batch_size=2", "optim.fused=on", "optim.clip_in_step=on",
+                                           "optim.grad_clip=0.5", "train.ema_decay=0.9", "checkpoint.every_steps=3"};
+  for (const auto& [dir, zero_on] : {std::pair{plain.path(), false}, std::pair{zero.path(), true}}) {
+    for (int64_t steps : {3, 6}) {
+      auto a = common;
+      a.push_back("train.max_steps=" + std::to_string(steps));
+      if (zero_on) a.push_back("dist.zero=1");
+      run_ok(dir, 2, a);
+    }
+  }
+  EXPECT_NE(test::read_text(zero / "logs/rank_0.log").find("resumed from"), std::string::npos);
+  EXPECT_EQ(loss_and_norm(plain.path()), loss_and_norm(zero.path()));
+  EXPECT_EQ(test::read_text(plain / "model.safetensors"), test::read_text(zero / "model.safetensors"));
 }
 
 // The path NCCL takes (reduce-scatter: only the owned pieces hold the sums, the norm from the
