@@ -150,13 +150,14 @@ TEST(ActivationCheckpointing, Bf16AutocastIsBitIdentical) {
 }
 
 // The post-hooks on the parameters' AccumulateGrad nodes (trainer/ddp/grad_sync.cpp launches its
-// all-reduces from them) fire once per parameter and backward, after the gradient is in .grad.
+// all-reduces from them) fire once per parameter and backward, with the gradient as the node's
+// input (it went through autograd's accumulation) and in .grad when they fire.
 struct AcCountHook : torch::autograd::FunctionPostHook {
   AcCountHook(torch::Tensor p, int* n, int* without_grad) : p(std::move(p)), n(n), without_grad(without_grad) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
+                                            const torch::autograd::variable_list& inputs) override {
     ++*n;
-    if (!p.grad().defined()) ++*without_grad;
+    if (inputs.empty() || !inputs[0].defined() || !p.grad().defined()) ++*without_grad;
     return outputs;
   }
   torch::Tensor p;
