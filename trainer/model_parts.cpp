@@ -31,7 +31,7 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                    m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
                    cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
     log::info(strf("activations: %s (train.activation_checkpointing=%s)",
-                   cfg.train.checkpoint_blocks() ? "each block's input kept, the block run again in the backward"
+                   m.model->numerics.checkpoint_blocks ? "each block's input kept, the block run again in the backward"
                                                  : "every block's kept for the backward",
                    cfg.train.activation_checkpointing.c_str()));
   }
