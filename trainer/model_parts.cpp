@@ -32,7 +32,7 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                    cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
     log::info(strf("activations: %s (train.activation_checkpointing=%s)",
                    m.model->numerics.checkpoint_blocks ? "each block's input kept, the block run again in the backward"
-                                                 : "every block's kept for the backward",
+                                                       : "every block's kept for the backward",
                    cfg.train.activation_checkpointing.c_str()));
   }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
