@@ -246,5 +246,33 @@ TEST(ActivationCheckpointing, InputWithoutGradAndStatesLeftAsFound) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+// Autocast's cache of cast weights is neither filled by the block's first (no-grad) run nor read by
+// its rerun: a weight cast without grad and cached would reach a later use, or the rerun, without a
+// gradient path. mm of a leaf weight casts through the cache on the CPU too (the models' Linear
+// layers cast a transposed view there, which is never cached; CUDA's autocast casts the weight).
+TEST(ActivationCheckpointing, AutocastCastCacheNeitherFilledNorRead) {
+  torch::manual_seed(3);
+  auto w = torch::randn({8, 8}).requires_grad_(true);
+  auto block = [w](const torch::Tensor& x) { return torch::mm(x, w).tanh(); };
+  const auto x = torch::randn({4, 8}).requires_grad_(true);
+  auto run = [&](bool checkpoint) {
+    w.mutable_grad() = torch::Tensor();
+    ac_autocast(true);
+    auto y = checkpoint ? checkpoint_block(block, x, {w}) : block(x);
+    const bool later_use_has_grad = torch::mm(x.detach(), w).requires_grad();  // in the same autocast region
+    ac_autocast(false);
+    y.to(torch::kFloat).sum().backward();
+    compat::clear_autocast_cache();
+    EXPECT_TRUE(later_use_has_grad) << "the first run cached a cast of w without grad";
+    return std::make_pair(y.detach(), w.grad().defined() ? w.grad().clone() : torch::Tensor());
+  };
+  const auto [y0, g0] = run(false);
+  const auto [y1, g1] = run(true);
+  EXPECT_EQ(y0.scalar_type(), torch::kBFloat16) << "mm ran in bf16";
+  ASSERT_TRUE(g1.defined()) << "w got no gradient: the rerun read a cast cached without grad";
+  EXPECT_TRUE(torch::equal(y0, y1));
+  EXPECT_TRUE(torch::equal(g0, g1));
+}
+
 }  // namespace
 }  // namespace lm
