@@ -5,6 +5,7 @@
 
 #include "common/torch/compat.h"
 #include "models/attention.h"
+#include "models/checkpoint_block.h"
 #include "models/cpu_kernels.h"
 
 namespace lm {
@@ -73,7 +74,12 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) x = x.to(*dtype);
   if (cfg.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(cfg.dropout).training(is_training()));
-  for (size_t i = 0; i < blocks->size(); ++i) x = blocks[i]->as<Block>()->forward(x, cache, i);
+  const bool checkpoint = checkpoint_blocks_now(cache);
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto block = blocks->ptr<BlockImpl>(i);
+    x = checkpoint ? checkpoint_block([block](const torch::Tensor& in) { return block->forward(in); }, x, block->parameters())
+                   : block->forward(x, cache, i);
+  }
   if (cache) cache->pos += T;
   return gpt_norm(lnf, x);
 }

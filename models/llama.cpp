@@ -5,6 +5,7 @@
 
 #include "common/torch/compat.h"
 #include "models/attention.h"
+#include "models/checkpoint_block.h"
 #include "models/registry.h"
 
 namespace lm {
@@ -83,6 +84,12 @@ LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& c) {
   ffn_norm = register_module("ffn_norm", RMSNorm(c.d_model, c.norm_eps));
 }
 
+torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                      KVCache* cache, size_t layer) {
+  auto h = x + attention->forward(attention_norm->forward(x), cos, sin, cache, layer);
+  return h + feed_forward->forward(ffn_norm->forward(h));
+}
+
 LlamaImpl::LlamaImpl(const ModelConfig& c, int64_t vocab_size) : LMImpl(c, vocab_size) {
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(vocab_size, c.d_model));
   layers = register_module("layers", torch::nn::ModuleList());
@@ -128,10 +135,12 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   auto h = tok_embeddings->forward(idx);  // (B, T, C)
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) h = h.to(*dtype);
+  const bool checkpoint = checkpoint_blocks_now(cache);
   for (size_t i = 0; i < layers->size(); ++i) {
-    auto* b = layers[i]->as<LlamaBlock>();
-    h = h + b->attention->forward(b->attention_norm->forward(h), cos, sin, cache, i);
-    h = h + b->feed_forward->forward(b->ffn_norm->forward(h));
+    auto block = layers->ptr<LlamaBlockImpl>(i);
+    h = checkpoint ? checkpoint_block([block, cos, sin](const torch::Tensor& in) { return block->forward(in, cos, sin); },
+                                      h, block->parameters())
+                   : block->forward(h, cos, sin, cache, i);
   }
   if (cache) cache->pos += T;
   return norm->forward(h);

@@ -46,6 +46,10 @@ TORCH_MODULE(FeedForward);
 
 struct LlamaBlockImpl : torch::nn::Module {
   explicit LlamaBlockImpl(const ModelConfig& c);
+  // x: (B, T, C) -> (B, T, C) in x's dtype: x + attention(norm(x)), then h + feed_forward(norm(h));
+  // cos, sin: (T, hd/2) for the positions of x; with a cache, x holds the positions after the cached ones.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        KVCache* cache = nullptr, size_t layer = 0);
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
   LlamaAttention attention{nullptr};
   FeedForward feed_forward{nullptr};

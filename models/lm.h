@@ -19,10 +19,14 @@ struct KVCache {
 };
 
 // How the forward and the training loss compute, set by the trainer (train.fused_loss,
-// train.bf16_residual); not part of the weights. The defaults are the plain path.
+// train.bf16_residual, train.activation_checkpointing); not part of the weights. The defaults are
+// the plain path.
 struct Numerics {
   bool fused_loss = false;     // loss_sum() through the fused head + loss (models/head_loss.h)
   bool bf16_residual = false;  // under autocast, the residual stream and the norms in autocast's dtype
+  // Each block keeps only its input for the backward and is run again there
+  // (models/checkpoint_block.h); when training with grad, without a cache (checkpoint_blocks_now()).
+  bool checkpoint_blocks = false;
 };
 
 struct LMImpl : torch::nn::Module {
@@ -51,6 +55,13 @@ struct LMImpl : torch::nn::Module {
   ModelConfig cfg;
   int64_t vocab;
   Numerics numerics;
+
+ protected:
+  // Whether this forward checkpoints its blocks: numerics.checkpoint_blocks, in training mode, with
+  // grad enabled and no KV cache (evaluation and generation keep nothing for a backward anyway).
+  bool checkpoint_blocks_now(const KVCache* cache) const {
+    return numerics.checkpoint_blocks && !cache && is_training() && torch::GradMode::is_enabled();
+  }
 };
 TORCH_MODULE(LM);
 

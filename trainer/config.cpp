@@ -168,6 +168,10 @@ void describe_training(Schema& s, ExperimentConfig& c) {
            "plain path", {"auto", "on", "off"});
   s.boolean("train.bf16_residual", &c.train.bf16_residual, "the residual stream and the norms in bf16 (llm.c's "
             "layout) instead of fp32; needs train.dtype=bf16");
+  s.choice("train.activation_checkpointing", &c.train.activation_checkpointing, "block = each transformer block "
+           "keeps only its input (B,T,C) for the backward, which runs the block's forward again (the same dropout and "
+           "autocast): the activations of one block instead of all, for one more forward per step; none = all kept",
+           {"none", "block"});
   s.number("train.ema_decay", &c.train.ema_decay, "EMA of the weights, updated every step; 0 = off", 0, false, 1, true);
 
   s.integer_or_auto("checkpoint.every_steps", &c.checkpoint.every_steps, "save every N steps; 0 = only at the end; "

@@ -22,7 +22,12 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool 
   // keeps the probabilities in the compute dtype, its gradient written into them, beside the logits
   // until the softmax is made (2 B*T*V values).
   const double logits = cfg.train.fused_loss_on(cuda) ? 2 * B * T * V * value_bytes : 3 * B * T * V * 4;
-  e.activations = L * B * T * saved_activations_per_token_layer(m) * value_bytes + logits;
+  const double block = B * T * saved_activations_per_token_layer(m) * value_bytes;  // one layer's
+  // train.activation_checkpointing=block: each layer keeps its input (B,T,C), the residual stream (fp32,
+  // or bf16 under train.bf16_residual), and one block's activations exist at a time (its rerun in
+  // the backward).
+  const double input = B * T * static_cast<double>(m.d_model) * (cfg.train.bf16() && cfg.train.bf16_residual ? 2 : 4);
+  e.activations = (cfg.train.checkpoint_blocks() ? L * input + block : L * block) + logits;
   if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
   return e;
 }
@@ -33,11 +38,15 @@ void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::
   if (device.is_cuda()) e.staging = 0;  // pinned host memory, not the device's
   const double avail = available_memory_bytes(device);
   if (avail <= 0 || e.total() <= avail) return;
+  const std::string kept = cfg.train.checkpoint_blocks()
+                              ? " (train.activation_checkpointing=block: one (B,T,C) input per layer and one block's "
+                                "activations)"
+                              : " (every layer's; train.activation_checkpointing=block keeps one input per layer)";
   throw ConfigError(strf("the config needs an estimated %.1f GB (parameters %.1f GB, gradients and optimizer state "
-                         "%.1f GB, activations %.1f GB at train.micro_batch_size=%lld, model.seq_len=%lld, async "
+                         "%.1f GB, activations %.1f GB%s at train.micro_batch_size=%lld, model.seq_len=%lld, async "
                          "checkpoint staging %.1f GB) but %s has %.1f GB available; shrink model.d_model / "
                          "model.n_layer / model.seq_len / train.micro_batch_size, or set run.skip_memory_check=true",
-                         e.total() / 1e9, e.params / 1e9, e.optimizer / 1e9, e.activations / 1e9,
+                         e.total() / 1e9, e.params / 1e9, e.optimizer / 1e9, e.activations / 1e9, kept.c_str(),
                          static_cast<long long>(cfg.train.micro_batch_size), static_cast<long long>(cfg.model.seq_len),
                          e.staging / 1e9, device.str().c_str(), avail / 1e9));
 }

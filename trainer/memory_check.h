@@ -24,7 +24,9 @@ struct MemoryEstimate {
 // layer ~ B*T*(34d + 5*H*T) 16-bit values for gpt (Korthikanti et al., 2022), the same count of
 // llama's tensors for llama (memory_check.cpp), doubled for fp32, plus 3 B*T*V fp32 values for
 // the logits and their gradients (2 B*T*V values in the compute dtype with train.fused_loss on,
-// resolved for a CUDA device when `cuda`); with async checkpoints,
+// resolved for a CUDA device when `cuda`); with train.activation_checkpointing=block, one (B,T,C)
+// input per layer (fp32, bf16 under train.bf16_residual) and one layer's activations instead of L
+// layers'; with async checkpoints,
 // the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
 // allocated at start). Under ZeRO-1 (dist.zero: 1 at world_size > 1) a rank keeps 1/world_size of
 // the AdamW moments (8N/world_size; the weights, gradients and EMA stay whole), and stages its own

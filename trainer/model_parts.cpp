@@ -23,12 +23,17 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.model->to(device);
   m.model->numerics.fused_loss = cfg.train.fused_loss_on(device.is_cuda());
   m.model->numerics.bf16_residual = cfg.train.bf16_residual;
+  m.model->numerics.checkpoint_blocks = cfg.train.checkpoint_blocks();
   if (rank == 0) {  // before seed_rank: a dropout in the probe draws from the stream seed_rank resets
     log::info(describe_attention(cfg.model, cfg.train.micro_batch_size, cfg.train.bf16() ? torch::kBFloat16 : torch::kFloat,
                                  device, /*train=*/true));
     log::info(strf("loss: %s (train.fused_loss=%s); residual stream %s (train.bf16_residual)",
                    m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
                    cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
+    log::info(strf("activations: %s (train.activation_checkpointing=%s)",
+                   m.model->numerics.checkpoint_blocks ? "each block's input kept, the block run again in the backward"
+                                                       : "every block's kept for the backward",
+                   cfg.train.activation_checkpointing.c_str()));
   }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
   if (cfg.dist.zero1(world)) m.zero = ZeroLayout{plan_buckets(*m.flat, cfg.dist.bucket_mb), rank, world};

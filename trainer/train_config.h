@@ -25,9 +25,11 @@ struct TrainConfig {
   std::string dtype = "fp32";
   std::string fused_loss = "auto";
   bool bf16_residual = false;
+  std::string activation_checkpointing = "none";
   bool bf16() const { return dtype == "bf16"; }  // the one comparison of the choice
   // The one resolution of train.fused_loss: auto = on CUDA.
   bool fused_loss_on(bool cuda) const { return fused_loss == "on" || (fused_loss == "auto" && cuda); }
+  bool checkpoint_blocks() const { return activation_checkpointing == "block"; }  // the one comparison
 };
 
 struct LogConfig {

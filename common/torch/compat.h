@@ -155,6 +155,38 @@ inline Optional<at::ScalarType> autocast_dtype(c10::DeviceType type) {
 // reuse copies of weights the optimizer has since changed).
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
+// This thread's whole autocast state: on or off and the dtype, per device type (CPU, CUDA), and
+// whether casts of fp32 weights are cached. What activation checkpointing records at a block's
+// forward and sets again for the block's rerun in backward (models/checkpoint_block.h). Setting CPU
+// autocast on here works on 1.13 too (its own op lists; the trainer asks for >= 2.4: set_autocast).
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+  bool cache = true;
+};
+inline AutocastState autocast_state() {
+  AutocastState s;
+#if LM_TORCH_AT_LEAST(2, 4)
+  s.cpu = at::autocast::is_autocast_enabled(at::kCPU), s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  s.cuda = at::autocast::is_autocast_enabled(at::kCUDA), s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+  s.cpu = at::autocast::is_cpu_enabled(), s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
+  s.cuda = at::autocast::is_enabled(), s.cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+#endif
+  s.cache = at::autocast::is_autocast_cache_enabled();
+  return s;
+}
+inline void set_autocast_state(const AutocastState& s) {
+#if LM_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, s.cpu), at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
+  at::autocast::set_autocast_enabled(at::kCUDA, s.cuda), at::autocast::set_autocast_dtype(at::kCUDA, s.cuda_dtype);
+#else
+  at::autocast::set_cpu_enabled(s.cpu), at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
+  at::autocast::set_enabled(s.cuda), at::autocast::set_autocast_gpu_dtype(s.cuda_dtype);
+#endif
+  at::autocast::set_autocast_cache_enabled(s.cache);
+}
+
 // The Kineto profiler (torch/csrc/autograd/profiler_kineto.h: prepareProfiler, enableProfiler,
 // disableProfiler -> ProfilerResult). 1.13's headers and library have the API too, but Debian's 1.13
 // is built without libkineto (its save() writes no trace), so there the legacy recorder runs.

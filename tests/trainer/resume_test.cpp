@@ -191,6 +191,12 @@ TEST_F(ResumeE2E, FreeGradsClipInStepGradAccum) {
                               "train.grad_accum=2", "train.ema_decay=0.9"});
 }
 
+// train.activation_checkpointing=block: the reruns' dropout draws start from the saved generator
+// states, so a resumed run draws what the uncut one drew.
+TEST_F(ResumeE2E, ActivationCheckpointingDropoutGradAccum) {
+  expect_exact_resume(data_, {"train.activation_checkpointing=block", "model.dropout=0.1", "train.grad_accum=2"});
+}
+
 TEST_F(ResumeE2E, TwoRanks) {
   expect_exact_resume(data_, {"model.dropout=0.1", "train.micro_batch_size=4"}, 2);
 }

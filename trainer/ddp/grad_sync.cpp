@@ -79,6 +79,11 @@ void GradSync::launch_ready_in_order() {
 }
 
 void GradSync::finish(int64_t step) {
+  if (!reported_) {
+    reported_ = true;
+    log::info(strf("data parallel: %zu of %zu gradient buckets launched from the backward's hooks at step %lld",
+                   next_launch_, buckets_.size(), static_cast<long long>(step)));
+  }
   for (auto& b : buckets_) b.pending = 0;  // parameters that got no gradient this step
   launch_ready_in_order();
   const char* what = zero_ && zero_->reduce_scatter() ? "reduce-scatter" : "all-reduce";

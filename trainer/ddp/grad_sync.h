@@ -28,7 +28,9 @@ class GradSync {
   // communicates).
   void begin(bool sync);
   // After the last micro-step's backward: launches buckets no hook launched (parameters without
-  // gradients) and waits for all of them. Afterwards flat.grads() holds the sum over ranks.
+  // gradients) and waits for all of them. Afterwards flat.grads() holds the sum over ranks. The
+  // first time, logs how many buckets the hooks launched during the backward ("data parallel: 5 of
+  // 5 gradient buckets launched from the backward's hooks at step 1").
   void finish(int64_t step);
   size_t num_buckets() const { return buckets_.size(); }
 
@@ -48,6 +50,7 @@ class GradSync {
   std::vector<size_t> bucket_of_entry_;
   size_t next_launch_ = 0;
   bool active_ = false;
+  bool reported_ = false;
   std::vector<std::pair<std::shared_ptr<void>, uintptr_t>> hooks_;
 };
 

@@ -1,0 +1,139 @@
+// train.activation_checkpointing=block in real trainer runs against none: the same per-step losses
+// and byte-identical final weights, GPT with dropout and gradient accumulation, Llama, bf16
+// (LibTorch >= 2.4), and 2 ranks over Gloo (the gradient all-reduces launched from the parameters'
+// hooks); the memory estimate and its refusal line. The resume of a checkpointed run is
+// ResumeE2E.ActivationCheckpointingDropoutGradAccum (resume_test.cpp).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/torch/compat.h"
+#include "models/registry.h"
+#include "tests/testutil.h"
+#include "trainer/config.h"
+#include "trainer/memory_check.h"
+
+namespace lm {
+namespace {
+
+using test::TempDir;
+
+class ActCkptE2E : public ::testing::Test {
+ protected:
+  const std::string data_ = test::shared_bytes_dataset();
+};
+
+std::vector<std::string> ac_args(const std::string& config, const std::string& data, const std::string& run,
+                                 const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {test::source_path(config), "data.train=" + data, "run.dir=" + run, "log.every_steps=1",
+                                "eval.batches=0", "train.threads=1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::vector<double> ac_losses(const std::string& run) {
+  std::vector<double> out;
+  for (auto& l : test::metrics_of_kind(run + "/metrics.jsonl", "train")) out.push_back(nlohmann::json::parse(l)["loss"]);
+  return out;
+}
+
+// Runs `config` + extra with train.activation_checkpointing none and block on `ranks` processes
+// (a Gloo group when 2) and expects `steps` identical losses and identical model.safetensors bytes.
+void ac_expect_block_equals_none(const std::string& data, const std::string& config, const std::vector<std::string>& extra,
+                                 int steps, int ranks = 1) {
+  TempDir none, block;
+  for (const auto* dir : {&none, &block}) {
+    auto more = extra;
+    more.push_back("train.max_steps=" + std::to_string(steps));
+    more.push_back(std::string("train.activation_checkpointing=") + (dir == &block ? "block" : "none"));
+    const int port = test::free_port();
+    std::vector<test::Proc> procs;
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
+      if (ranks > 1)
+        env.insert(env.end(), {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(ranks),
+                               "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(ranks),
+                               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+      procs.push_back(test::spawn_bin("trainer", ac_args(config, data, dir->path(), more), *dir / ("out" + std::to_string(r)), env));
+    }
+    for (auto& p : procs) ASSERT_EQ(test::wait_proc(p), 0) << test::read_text(p.log);
+  }
+  const std::string out = test::read_text(block / "out0");
+  EXPECT_NE(out.find("activations: each block's input kept, the block run again in the backward "
+                     "(train.activation_checkpointing=block)"),
+            std::string::npos)
+      << out;
+  if (ranks > 1) {  // every bucket launched from the parameters' hooks during the backward, none after it
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("data parallel: (\\d+) of (\\d+) gradient buckets launched from "
+                                                     "the backward's hooks at step 1")))
+        << out;
+    EXPECT_EQ(m[1].str(), m[2].str()) << m[0].str();
+    EXPECT_GT(std::stoi(m[2].str()), 1) << m[0].str();
+  }
+  const auto a = ac_losses(none.path()), b = ac_losses(block.path());
+  ASSERT_EQ(a.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(test::read_text(none / "model.safetensors"), test::read_text(block / "model.safetensors"));
+}
+
+TEST_F(ActCkptE2E, GptDropoutGradAccumBlockEqualsNone) {
+  ac_expect_block_equals_none(data_, "configs/tiny.yaml", {"model.dropout=0.1", "train.grad_accum=2"}, 8);
+}
+
+TEST_F(ActCkptE2E, LlamaBlockEqualsNone) { ac_expect_block_equals_none(data_, "configs/llama-tiny.yaml", {}, 8); }
+
+// The GPU's path on a CPU: bf16 autocast with the bf16 residual stream and the fused head + loss.
+TEST_F(ActCkptE2E, Bf16BlockEqualsNone) {
+  if (!compat::kHasCpuAutocast)
+    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no CPU autocast for the trainer (>= 2.4): "
+                 << "bash launch/torch2.sh runs this against LibTorch 2.6";
+  ac_expect_block_equals_none(data_, "configs/tiny.yaml",
+                              {"model.dropout=0.1", "train.dtype=bf16", "train.bf16_residual=true", "train.fused_loss=on"}, 8);
+}
+
+// Two ranks over Gloo, several gradient buckets: the all-reduces launched from the parameters'
+// AccumulateGrad hooks (trainer/ddp/grad_sync.cpp) as the checkpointed blocks' gradients arrive.
+TEST_F(ActCkptE2E, TwoRanksGlooBlockEqualsNone) {
+  ac_expect_block_equals_none(data_, "configs/tiny.yaml",
+                              {"model.dropout=0.1", "train.micro_batch_size=4", "dist.bucket_mb=0.05", "dist.timeout_s=60"}, 6,
+                              2);
+}
+
+// With block, the activations are one (B,T,C) input per layer (the residual stream's dtype) and one
+// layer's activations; the refusal line says so.
+TEST(MemoryEstimate, BlockCheckpointingKeepsOneInputPerLayerAndOneBlock) {
+  for (const char* config : {"configs/gpt2-124m.yaml", "configs/llama-tiny.yaml"})
+    for (const char* dtype : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(config) + " " + dtype);
+      auto cfg = load_config(test::source_path(config), {std::string("train.dtype=") + dtype});
+      const double B = static_cast<double>(cfg.train.micro_batch_size), T = static_cast<double>(cfg.model.seq_len);
+      const double L = static_cast<double>(cfg.model.n_layer), d = static_cast<double>(cfg.model.d_model);
+      const double layer = B * T * saved_activations_per_token_layer(cfg.model) * (cfg.train.bf16() ? 2 : 4);
+      const double none = estimate_memory(cfg, 50304).activations;
+      cfg.train.activation_checkpointing = "block";
+      EXPECT_DOUBLE_EQ(none - estimate_memory(cfg, 50304).activations, L * layer - (L * B * T * d * 4 + layer));
+      if (cfg.train.bf16()) {
+        cfg.train.bf16_residual = true;  // the inputs in bf16
+        EXPECT_DOUBLE_EQ(none - estimate_memory(cfg, 50304).activations, L * layer - (L * B * T * d * 2 + layer));
+      }
+    }
+  auto cfg = load_config(test::source_path("configs/tiny.yaml"),
+                         {"model.seq_len=65536", "train.micro_batch_size=1024", "train.activation_checkpointing=block"});
+  try {
+    check_memory_fits(cfg, 258, torch::Device(torch::kCPU));
+    ADD_FAILURE() << "fits";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("GB (train.activation_checkpointing=block: one (B,T,C) input per layer and one "
+                                         "block's activations) at train.micro_batch_size=1024"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lm
