@@ -133,6 +133,15 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+std::vector<std::string> rank_env(int rank, int world, int port) {
+  std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
+  if (world > 1)
+    env.insert(env.end(), {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                           "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+  return env;
+}
+
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -79,6 +79,9 @@ void write_text(const std::string& path, const std::string& text);
 std::string read_text(const std::string& path);
 // A free TCP port on 127.0.0.1 (bound and released).
 int free_port();
+// The environment of rank `rank` of a `world`-process group as torchrun gives it (rendezvous on
+// 127.0.0.1:port), with OMP_NUM_THREADS=1; world 1: OMP_NUM_THREADS=1 only (the trainer runs alone).
+std::vector<std::string> rank_env(int rank, int world, int port);
 // Runs `prep` on synthetic_corpus(lines) with the bytes tokenizer into DIR/data; returns that path.
 std::string make_bytes_dataset(const std::string& dir, int lines = 3000);
 // A bytes dataset of synthetic_corpus(3000) made once per test process (removed at exit).

@@ -53,11 +53,7 @@ void ac_expect_block_equals_none(const std::string& data, const std::string& con
     const int port = test::free_port();
     std::vector<test::Proc> procs;
     for (int r = 0; r < ranks; ++r) {
-      std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
-      if (ranks > 1)
-        env.insert(env.end(), {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(ranks),
-                               "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(ranks),
-                               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+      const std::vector<std::string> env = test::rank_env(r, ranks, port);
       procs.push_back(test::spawn_bin("trainer", ac_args(config, data, dir->path(), more), *dir / ("out" + std::to_string(r)), env));
     }
     for (auto& p : procs) ASSERT_EQ(test::wait_proc(p), 0) << test::read_text(p.log);

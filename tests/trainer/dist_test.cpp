@@ -32,12 +32,6 @@ std::vector<std::string> args(const std::string& data, const std::string& run, s
   return a;
 }
 
-std::vector<std::string> torchrun_env(int rank, int world, int port) {
-  return {"OMP_NUM_THREADS=1", "RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
-          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
-}
-
 std::vector<double> train_losses(const std::string& run) {
   std::vector<double> out;
   for (auto& l : test::metrics_of_kind(run + "/metrics.jsonl", "train")) out.push_back(nlohmann::json::parse(l)["loss"]);
@@ -70,7 +64,7 @@ TEST_F(DistE2E, TwoRanksOfBEqualOneRankOf2B) {
   for (int r = 0; r < 2; ++r)
     ranks.push_back(test::spawn_bin("trainer", args(data_, two.path(), {"train.max_steps=12", "train.micro_batch_size=4",
                                                                         "dist.bucket_mb=0.05"}),
-                                    two / ("out" + std::to_string(r)), torchrun_env(r, 2, port)));
+                                    two / ("out" + std::to_string(r)), test::rank_env(r, 2, port)));
   for (auto& r : ranks) ASSERT_EQ(test::wait_proc(r), 0) << test::read_text(two / "out0");
   EXPECT_NE(test::read_text(two / "out0").find("gradient buckets"), std::string::npos);
   auto a = train_losses(one.path()), b = train_losses(two.path());
@@ -94,7 +88,7 @@ void expect_survivor_names_collective(const std::string& data, int sig) {
   for (int r = 0; r < 2; ++r)
     ranks.push_back(test::spawn_bin("trainer", args(data, run.path(), {"train.max_steps=100000", "dist.timeout_s=6",
                                                                        "train.micro_batch_size=4"}),
-                                    run / ("out" + std::to_string(r)), torchrun_env(r, 2, port)));
+                                    run / ("out" + std::to_string(r)), test::rank_env(r, 2, port)));
   ASSERT_TRUE(test::wait_until(ranks[0], [&] { return test::last_train_step(run / "metrics.jsonl") >= 3; }))
       << test::read_text(run / "out0");
   const auto t0 = std::chrono::steady_clock::now();

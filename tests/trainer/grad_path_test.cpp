@@ -343,8 +343,7 @@ TEST(GradPath, FreeGradsOnTwoRanksIsRefused) {
         {test::source_path("configs/tiny.yaml"), "data.train=" + test::shared_bytes_dataset(), "run.dir=" + run.path() + "/run",
          "eval.batches=0", "train.threads=1", "train.max_steps=2", "optim.free_grads=on", "dist.timeout_s=30"},
         run / ("out" + std::to_string(r)),
-        {"OMP_NUM_THREADS=1", "RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r),
-         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)}));
+        test::rank_env(r, 2, port)));
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(test::wait_proc(ranks[r], 120), 2) << test::read_text(run / ("out" + std::to_string(r)));
     const std::string out = test::read_text(run / ("out" + std::to_string(r)));

@@ -49,11 +49,7 @@ std::vector<test::Proc> start_group(const std::vector<std::string>& args, int ra
   std::vector<test::Proc> procs;
   const int port = test::free_port();
   for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
-    if (ranks > 1)
-      env.insert(env.end(), {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(ranks),
-                             "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(ranks),
-                             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+    std::vector<std::string> env = test::rank_env(r, ranks, port);
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     procs.push_back(test::spawn_bin("trainer", args, log + ".rank" + std::to_string(r), env));
   }

@@ -206,12 +206,7 @@ class ZeroE2E : public ::testing::Test {
     const int port = test::free_port();
     std::vector<test::Proc> ranks;
     for (int r = 0; r < world; ++r) {
-      std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
-      if (world > 1)
-        for (auto& e : std::vector<std::string>{"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
-                                                "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                                                "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)})
-          env.push_back(e);
+      std::vector<std::string> env = test::rank_env(r, world, port);
       env.insert(env.end(), env_all.begin(), env_all.end());
       if (r == 1 && !env_rank1.empty()) env.push_back(env_rank1);
       fs::create_directories(dir);
