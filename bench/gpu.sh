@@ -10,6 +10,7 @@
 #              all_off   today's step (each switch off)
 #              no_<sw>   all_on with one switch off (what that switch alone is worth)
 #              residual  all_on + train.bf16_residual=true (numerics differ: see parity)
+#              act_ckpt  all_on + train.activation_checkpointing=block (peak memory vs tokens/s)
 #            and the peer (bench/peers/gpt_torch.py, same shape) in eager and torch.compile mode,
 #            interleaved so that the first minutes already hold all_on vs both peers
 #   traces   Kineto traces (log.profile_steps) of all_on and all_off, and torch.profiler traces of
@@ -17,7 +18,8 @@
 #   parity   train.bf16_residual on vs off, 4 layers at the 124M width, 300 steps: the loss curves
 #   smoke    4 layers, 40 steps: loss finite and falling; a run stopped at 25 and resumed follows the
 #            uninterrupted one; step results read one step late follow a run that reads them at once;
-#            one rank with an NCCL process group (dist.backend=nccl at world size 1)
+#            one rank with an NCCL process group (dist.backend=nccl at world size 1); and
+#            train.activation_checkpointing block vs none with dropout, 10 steps (reported: bit-identical?)
 #   tests    trainer_tests' and models_tests' CUDA cases and the TensorBoard Python cross-check
 # Every result lands in $OUT/gpu_results.tar.gz (written to a temporary name and renamed after each
 # phase, so a run cut short still returns a whole archive); result.json sums it up (tokens/s per
@@ -117,11 +119,12 @@ STEPS=25 trainer trace_all_on 90 "${ALL_ON[@]}" log.profile_steps=21-23
 STEPS=25 trainer trace_all_off 90 "${ALL_OFF[@]}" log.profile_steps=21-23
 peer peer_eager_trace 90 --trace "$R/traces"
 
-log "A/B: each switch off alone; the bf16 residual stream on top"
+log "A/B: each switch off alone; the bf16 residual stream on top; activation checkpointing on top"
 trainer no_fused_loss 90 "${ALL_ON[@]}" train.fused_loss=off
 trainer no_free_grads 90 "${ALL_ON[@]}" optim.free_grads=off
 trainer no_clip_in_step 90 "${ALL_ON[@]}" optim.clip_in_step=off
 trainer residual 90 "${ALL_ON[@]}" train.bf16_residual=true
+trainer act_ckpt 90 "${ALL_ON[@]}" train.activation_checkpointing=block  # memory (mem_mb: CUDA peak) vs time
 
 log "parity: train.bf16_residual on vs off, 4 layers, 300 steps (the loss curves)"
 parity=(configs/gpt2-124m.yaml data.train=shards/kjv_bytes model.n_layer=4 train.max_steps=300 log.every_steps=25
@@ -145,6 +148,13 @@ run 90 smoke_b1 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 r
 run 90 smoke_b2 $B/trainer "${common[@]}" "${SHAPE[@]}" anomaly.spike_factor=0 run.dir=runs/gpu_smoke_b
 run 90 smoke_c $B/trainer "${common[@]}" "${SHAPE[@]}" run.dir=runs/gpu_smoke_c
 run 90 smoke_nccl $B/trainer "${common[@]}" "${SHAPE[@]}" dist.backend=$BACKEND train.max_steps=10 run.dir=runs/gpu_smoke_n
+# Activation checkpointing on the device: block vs none with dropout, 10 steps, every loss (the
+# rerun must draw the same masks from the CUDA generator and pick the same kernels: bit-identical).
+for ck in none block; do
+  run 60 "smoke_ckpt_$ck" $B/trainer "${common[@]}" "${SHAPE[@]}" model.dropout=0.1 train.max_steps=10 log.every_steps=1 \
+    checkpoint.every_steps=0 train.activation_checkpointing=$ck run.dir=runs/gpu_smoke_ckpt_$ck
+  cp "runs/gpu_smoke_ckpt_$ck/metrics.jsonl" "$R/smoke_ckpt_${ck}_metrics.jsonl" 2>/dev/null
+done
 for d in a b c; do
   for f in metrics.jsonl summary.json meta.json; do cp "runs/gpu_smoke_$d/$f" "$R/smoke_${d}_$f" 2>/dev/null; done
 done
@@ -174,6 +184,9 @@ res["deferred_used"] = grep("smoke_a", "one step late") and not grep("smoke_c", 
 res["resumed"] = grep("smoke_b2", "resumed from")
 import os
 res["nccl_world1"] = grep("smoke_nccl", "data parallel: " + os.environ["BACKEND"]) and grep("smoke_nccl", "done: ")
+ck_none, ck_block = losses("ckpt_none"), losses("ckpt_block")  # reported, not part of "ok"
+res["act_ckpt_steps"] = [len(ck_none), len(ck_block)]
+res["act_ckpt_bit_identical"] = len(ck_none) == 10 and ck_none == ck_block
 res["ok"] = all(res.get(k) is True for k in ("finite", "falling", "resume_within_2pct", "deferred_within_2pct",
                                              "deferred_used", "resumed", "nccl_world1"))
 print(json.dumps(res))

@@ -4,7 +4,7 @@ usage: python3 bench/gpu_summary.py RESULTS_DIR
 
 What it reads (each optional: a phase cut short by the time limit is simply absent):
   <variant>_metrics.jsonl   the trainer's records of each A/B variant (all_on, all_off, no_<switch>,
-                            residual); the first window (start-up) is left out of every mean
+                            residual, act_ckpt); the first window (start-up) is left out of every mean
   peer_eager.log, peer_compile.log   bench/peers/gpt_torch.py's JSON line
   traces/*.top.json         top kernels by GPU time (the trainer's log.profile_steps summary and the
                             peer's --trace summary, one format)
@@ -22,7 +22,7 @@ import os
 import sys
 
 R = sys.argv[1]
-VARIANTS = ("all_on", "all_off", "no_fused_loss", "no_free_grads", "no_clip_in_step", "residual")
+VARIANTS = ("all_on", "all_off", "no_fused_loss", "no_free_grads", "no_clip_in_step", "residual", "act_ckpt")
 # switch -> (the variant without it, the key it sets)
 SWITCHES = {"fused_loss": ("no_fused_loss", "train.fused_loss"), "free_grads": ("no_free_grads", "optim.free_grads"),
             "clip_in_step": ("no_clip_in_step", "optim.clip_in_step")}
@@ -107,6 +107,10 @@ if "all_on" in out and "all_off" in out:
     worth["all_switches"] = round(out["all_on"]["tokens_per_s"] / out["all_off"]["tokens_per_s"], 3)
 if "all_on" in out and "residual" in out:
     worth["bf16_residual"] = round(out["residual"]["tokens_per_s"] / out["all_on"]["tokens_per_s"], 3)
+if "all_on" in out and "act_ckpt" in out:  # a memory lever: what it saves and what it costs
+    a, c = out["all_on"], out["act_ckpt"]
+    out["act_ckpt_vs_all_on"] = {"tokens_per_s": round(c["tokens_per_s"] / a["tokens_per_s"], 3),
+                                 "peak_mem": round(c["peak_mem_mb"] / a["peak_mem_mb"], 3) if a["peak_mem_mb"] else None}
 out["switch_worth"] = worth  # tokens/s with the switch / without it (> 1: the switch helps)
 out["defaults_picked"] = picked
 
