@@ -127,8 +127,7 @@ std::shared_ptr<Comm::Pending> Comm::reduce_scatter_async(torch::Tensor in, torc
   const int64_t s = out.numel();
   TORCH_CHECK(in.numel() == s * world_, "reduce_scatter_async: in holds world_size * out.numel() values");
   if (backend_ == "nccl") {
-    p->tensor = in;
-    p->copy_from = out;  // kept alive until the wait
+    p->tensor = in;  // (out is a slice of it or its own tensor: the collective holds both)
     p->work = impl_->pg->_reduce_scatter_base(out, in);
     return p;
   }
@@ -158,7 +157,6 @@ std::shared_ptr<Comm::Pending> Comm::all_gather_in_place_async(torch::Tensor t) 
   auto p = std::make_shared<Pending>();
   p->tensor = t;
   auto mine = t.narrow(0, rank_ * s, s);
-  p->copy_from = mine;  // kept alive until the wait
   p->work = impl_->pg->_allgather_base(t, mine);
   return p;
 }
@@ -189,12 +187,7 @@ void Comm::all_reduce_sum(torch::Tensor& t, const std::string& what) {
 
 void Comm::broadcast(torch::Tensor& t, int root, const std::string& what) {
   auto dev = t.to(impl_->device).contiguous();
-  std::vector<torch::Tensor> ts{dev};
-  c10d::BroadcastOptions o;
-  o.rootRank = root;
-  auto p = std::make_shared<Pending>();
-  p->work = impl_->pg->broadcast(ts, o);
-  wait(p, what);
+  wait(broadcast_async(dev, root), what);
   if (!dev.is_same(t)) t.copy_(dev);
 }
 

@@ -41,16 +41,16 @@ std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb) {
 }
 
 ZeroShards::ZeroShards(Comm& comm, FlatParams& flat, ZeroLayout layout)
-    : comm_(comm), flat_(flat), layout_(std::move(layout)) {
+    : comm_(comm), flat_(flat), layout_(std::move(layout)), owned_(layout_.owned()), nccl_(comm.backend() == "nccl") {
   const char* emulate = std::getenv("LM_ZERO_REDUCE_SCATTER");
-  reduce_scatter_ = comm.backend() == "nccl" || (emulate && std::strcmp(emulate, "1") == 0);
+  reduce_scatter_ = nccl_ || (emulate && std::strcmp(emulate, "1") == 0);
 }
 
 torch::Tensor ZeroShards::grad_norm(int64_t step) {
   if (!reduce_scatter_) return {};
   auto& g = flat_.grads();
   std::vector<torch::Tensor> sq;
-  for (const auto& p : layout_.owned()) sq.push_back(g.narrow(0, p.offset, p.numel).pow(2).sum());
+  for (const auto& p : owned_) sq.push_back(g.narrow(0, p.offset, p.numel).pow(2).sum());
   auto total = sq.empty() ? torch::zeros({}, g.options()) : torch::stack(sq).sum();
   comm_.all_reduce_sum(total, strf("all-reduce of the gradient norm's pieces at step %lld", (long long)step));
   return total.sqrt();
@@ -67,7 +67,7 @@ void ZeroShards::gather_params() {
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const auto& bucket = layout_.buckets[b];
     const int64_t s = layout_.piece_size(b), main = s * layout_.world;
-    if (comm_.backend() == "nccl") {
+    if (nccl_) {
       if (s > 0) pending.push_back(comm_.all_gather_in_place_async(p.narrow(0, bucket.offset, main)));
       if (main < bucket.numel)
         pending.push_back(comm_.broadcast_async(p.narrow(0, bucket.offset + main, bucket.numel - main), layout_.world - 1));
@@ -84,7 +84,7 @@ std::string ZeroShards::describe(int64_t state_bytes) const {
   const double whole = 2.0 * static_cast<double>(flat_.numel()) * static_cast<double>(flat_.params().element_size());
   return strf("zero-1: rank %d keeps the AdamW moments of %lld of %lld weights (%zu bucket pieces): optimizer state %.1f MB of %.1f MB; "
               "gradients %s, weights all-gathered after each update",
-              layout_.rank, (long long)layout_.owned_numel(), (long long)flat_.numel(), layout_.owned().size(),
+              layout_.rank, (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
               static_cast<double>(state_bytes) / 1e6, whole / 1e6,
               reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)");
 }

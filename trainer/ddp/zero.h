@@ -63,6 +63,8 @@ class ZeroShards {
   Comm& comm_;
   FlatParams& flat_;
   ZeroLayout layout_;
+  std::vector<FlatRange> owned_;  // layout_.owned()
+  bool nccl_;
   bool reduce_scatter_;
 };
 
