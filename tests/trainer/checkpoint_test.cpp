@@ -218,10 +218,11 @@ pid_t thread_named(const std::string& comm) {
   return 0;
 }
 
-// The thread named `comm` at normal priority, if it exists.
-void raise_thread(const std::string& comm) {
+// The thread named `comm` at normal priority; false when there is no such thread (yet).
+bool raise_thread(const std::string& comm) {
   sched_param p{};
-  if (pid_t tid = thread_named(comm)) sched_setscheduler(tid, SCHED_OTHER, &p);
+  const pid_t tid = thread_named(comm);
+  return tid && sched_setscheduler(tid, SCHED_OTHER, &p) == 0;
 }
 
 // prepare() allocates the async staging buffer for the state and faults it in on a background
@@ -239,9 +240,9 @@ TEST(Checkpoint, AsyncPrepareFaultsTheStagingBufferInAheadOfTheFirstSave) {
   ck.prepare(st);
   // This test waits for the faulting thread: it raises it first, as any waiter must (beside busy
   // processes a thread at idle priority may wait minutes for a core; common/parallel.h).
-  raise_thread("ckpt-prefault");
   double grown = 0;
-  for (int i = 0; i < 1200 && grown < 60; ++i) {  // up to 30 s
+  for (int i = 0, raised = 0; i < 1200 && grown < 60; ++i) {  // up to 30 s
+    raised = raised || raise_thread("ckpt-prefault");  // (named by the thread itself, once it runs)
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
     grown = rss_mb() - before;
   }
@@ -565,7 +566,8 @@ TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
     const auto t0 = Clock::now();
     ck.save(state(step));
     std::vector<SaveReport> r;
-    for (int i = 0; i < 1000 && (r = ck.finished()).empty(); ++i) {
+    for (int i = 0; i < 6000 && (r = ck.finished()).empty(); ++i) {  // up to a minute or more
+      ck.wait_snapshot();  // as the optimizer does before each update
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       ck.step_done(0.5);
     }
