@@ -18,7 +18,7 @@
 #   eager+tcmalloc  LD_PRELOAD libtcmalloc_minimal.so.4 (Debian libtcmalloc-minimal4), never releasing
 #                   (TCMALLOC_RELEASE_RATE=0)
 #   compile+ALLOC   torch.compile (inductor, CPU) under ALLOC (env COMPILE_ALLOC; default the first of
-#                   tcmalloc, jemalloc, glibc found); only on torch 2.x
+#                   jemalloc, tcmalloc, glibc found); only on torch 2.x
 # Each runs AdamW through the fastest implementation its torch has (--adamw auto: the fused CPU
 # kernel from 2.4, else foreach) and the multi-tensor clip norm where clip_grad_norm_ has it (2.x).
 # An allocator that is not installed is left out (said on stderr).
@@ -69,7 +69,7 @@ alloc_env() {  # alloc_env NAME: the env words that select allocator NAME
 have_alloc() { case "$1" in jemalloc) [ -n "$JEMALLOC" ] ;; tcmalloc) [ -n "$TCMALLOC" ] ;; *) true ;; esac; }
 if [ -z "${COMPILE_ALLOC:-}" ]; then
   COMPILE_ALLOC=glibc
-  for a in jemalloc tcmalloc; do have_alloc $a && COMPILE_ALLOC=$a; done
+  for a in tcmalloc jemalloc; do have_alloc $a && COMPILE_ALLOC=$a; done
 fi
 CONFIGS=()
 for c in ${PEERS:-eager eager+glibc eager+jemalloc eager+tcmalloc compile+$COMPILE_ALLOC}; do
