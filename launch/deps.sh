@@ -19,7 +19,8 @@ if [ "${1:-}" != job ]; then
     zstd  # raw .zst text sources in tests (data/text/)
     nginx-light curl  # remote dataset tests (nginx; s3rver: npm_deps.sh)
     clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
-    ccache debootstrap  # the compiler cache of the test builds; the LibTorch 2.6 environment (launch/torch2.sh)
+    ccache debootstrap  # the compiler cache of the test builds; the LibTorch 2.14 and 2.6 environments (launch/torch2.sh)
+    libjemalloc2 libtcmalloc-minimal4  # the peer's tuned allocators (bench/cpu_vs_peer.sh: the strongest peer)
     time  # /usr/bin/time: the peak RSS that bench/zero.sh and bench/act_ckpt.sh report
   )
 fi

@@ -30,9 +30,14 @@ case "$MODE" in
     ;;
   *) echo "usage: launch/sanitize.sh [address|thread] [ctest args...]" >&2; exit 2 ;;
 esac
+launcher=()  # ccache as in launch/build.sh: a clean clone rebuilds the sanitizer build from the cache
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime CCACHE_BASEDIR=$PWD
+fi
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLM_SANITIZE="$SAN" \
-        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g"
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" "${launcher[@]}"
 fi
 ninja -C "$BUILD_DIR" ${NINJA_JOBS:+-j "$NINJA_JOBS"} "${TARGETS[@]}"
 

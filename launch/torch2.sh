@@ -56,7 +56,8 @@ PKGS=(build-essential cmake ninja-build pkg-config git ccache g++-13
       libsentencepiece-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libprotobuf-dev protobuf-compiler
       libisal-dev libzstd-dev libcurl4-openssl-dev bible-kjv
       googletest libgtest-dev libgmock-dev python3-torch python3-numpy python3-setuptools python3-dev zstd nginx curl nodejs
-      mount util-linux bsdutils procps jq)
+      mount util-linux bsdutils procps jq
+      libjemalloc2 libtcmalloc-minimal4)  # the peer's tuned allocators (bench/cpu_vs_peer.sh)
 # sid: the same without g++-13 (the CUDA host compiler, trixie only), plus libabsl-dev (sid's
 # sentencepiece headers include absl's). python3-torch is 2.14 there (Python 3.14).
 [ "$SUITE" = trixie ] || PKGS=(libabsl-dev $(printf '%s\n' "${PKGS[@]}" | grep -vx 'g++-13'))

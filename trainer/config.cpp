@@ -208,8 +208,8 @@ void describe_telemetry(Schema& s, ExperimentConfig& c) {
             "any world size; 0 = every rank keeps them all (no effect at world size 1)", 0, 1);
 
   s.integer("log.every_steps", &c.log.every_steps, "a console line, metrics.jsonl and TensorBoard record every N steps", 1);
-  s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = the built-in table (H100, "
-           "H200, A100; other devices: no MFU)", 0, false);
+  s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = the datasheet peak of a "
+           "known GPU (H100, H200, A100; other GPUs: no MFU), on CPU an SGEMM peak measured during the run", 0, false);
   s.number("log.long_window_s", &c.log.long_window_s, "seconds per long-window aggregate (mean/min/max tokens/s and MFU)",
            0, true);
   s.boolean("log.tensorboard", &c.log.tensorboard, "write a TensorBoard event file in run.dir");

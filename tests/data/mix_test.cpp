@@ -420,7 +420,7 @@ TEST(MixTest, RefusedInputsAndChanges) {
   e = data_error([&] { Ranks r(c, {mix.manifests[0], changed, mix.manifests[2]}, 2, 1, state); });
   EXPECT_NE(e.find("source 'code' changed: data version"), std::string::npos) << e;
   // Appending a source is allowed: it starts at its beginning, and the changed mixture starts a
-  // segment at the resumed batch. Its exact count, by the README's rule replayed here: each packed
+  // segment at the resumed batch. Its exact count, by docs/data.md's rule replayed here: each packed
   // sample (kT target tokens) comes from the source furthest behind its share, w * (segment tokens
   // + kT) - its tokens, the first on a tie.
   c = mix.cfg;

@@ -284,7 +284,9 @@ TEST(GradPath, OffIsTheFlatPathEverywhereAndAutoIsOffOnACpu) {
                        std::to_string(world) + (pg ? ", process group" : ""));
           EXPECT_TRUE(is_flat(resolve_grad_path(cfg(fused, "off"), cuda, world, pg)));
           const GradPath a = resolve_grad_path(cfg(fused, "auto"), cuda, world, pg);
-          if (!cuda || std::string(fused) == "off") EXPECT_TRUE(is_flat(a)) << "auto without the fused AdamW is off";
+          if (!cuda || std::string(fused) == "off") {
+            EXPECT_TRUE(is_flat(a)) << "auto without the fused AdamW is off";
+          }
         }
       }
     }
@@ -295,8 +297,9 @@ TEST(GradPath, OffIsTheFlatPathEverywhereAndAutoIsOffOnACpu) {
     const GradPath b = resolve_grad_path(cfg("auto", "auto"), /*cuda=*/true, 2, false);
     EXPECT_TRUE(!b.free_grads && b.clip_in_step) << "free gradients need one rank";
   }
-  if (compat::kHasCpuFusedAdamW)  // the fused AdamW on a CPU: auto still off there
+  if (compat::kHasCpuFusedAdamW) {  // the fused AdamW on a CPU: auto still off there
     EXPECT_TRUE(is_flat(resolve_grad_path(cfg("on", "auto"), /*cuda=*/false, 1, false)));
+  }
 }
 
 // Both switches on (and the fused AdamW) against the fused AdamW alone, with step 6 made non-finite

@@ -121,7 +121,7 @@ std::map<int64_t, std::pair<int64_t, int64_t>> tokens_by_step(const std::string&
 
 // A stage that ends by until_tokens switches at the batch whose tokens before it reach the count
 // (128 target tokens per step: until_tokens 384 = steps 1-3); stages edited at a resume apply from the
-// resumed batch (README "What may change at a resume"): the edited first stage, until step 8, reads
+// resumed batch (docs/data.md, "What may change at a resume"): the edited first stage, until step 8, reads
 // b alone at steps 7-8, the edited last stage a alone from step 9.
 TEST(MixRunTest, StageEndsByTokensAndEditedStagesApplyFromTheResumedBatch) {
   TempDir tmp;

@@ -268,7 +268,7 @@ TEST_F(ResumeE2E, AutoIntervalFromYoungDaly) {
 TEST_F(ResumeE2E, WeightsReadableWithNumpyAlone) {
   TempDir run;
   ASSERT_EQ(test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=2"})).exit_code, 0);
-  // The README's three-line load, verbatim.
+  // docs/runs.md's numpy-only load, verbatim.
   test::write_text(run / "load.py",
                    "import json, numpy as np, sys\n"
                    "raw = open(sys.argv[1], 'rb').read(); n = int.from_bytes(raw[:8], 'little'); head = json.loads(raw[8:8 + n])\n"

@@ -39,7 +39,7 @@ nlohmann::json host_info();
 // Everything outside the config that changes the numbers a CPU run computes: LibTorch's intra- and
 // inter-op thread counts, the BLAS libraries loaded (real paths: Debian's alternatives pick one),
 // OpenBLAS's build config, core type and thread count, and every OMP_/MKL_/OPENBLAS_/GOTO_/KMP_/
-// BLIS_/VECLIB_/ATEN_/TORCH_ environment variable (replay them to rerun bit-exactly, README).
+// BLIS_/VECLIB_/ATEN_/TORCH_ environment variable (replay them to rerun bit-exactly, docs/runs.md).
 nlohmann::json numerics_info();
 // Now as "2026-11-30T01:23:45Z".
 std::string utc_now();

@@ -153,8 +153,11 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   const double pad_pct = log_.padding_pct();
   const bool bucketed = cfg_.data.bucketed();
   // Without validation, no val loss is said (summary.json: null), never a number that reads as one.
-  log::info(strf("done: %lld steps in %.1f s | loss %.4f -> %.4f%s | %.0f tok/s%s", (long long)sum.steps, sum.wall_s,
-                 sum.first_loss, sum.last_loss, sum.val_loss ? strf(" | val loss %.4f", *sum.val_loss).c_str() : "",
+  // A run stopped before its first logged window has no loss to say (first_loss is -1 then).
+  const std::string loss = sum.first_loss < 0 ? std::string("no step logged")
+                                              : strf("loss %.4f -> %.4f", sum.first_loss, sum.last_loss);
+  log::info(strf("done: %lld steps in %.1f s | %s%s | %.0f tok/s%s", (long long)sum.steps, sum.wall_s,
+                 loss.c_str(), sum.val_loss ? strf(" | val loss %.4f", *sum.val_loss).c_str() : "",
                  sum.tokens_per_s, bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
   const double n = static_cast<double>(std::max<int64_t>(1, steps - start_step));
   const double telemetry_ms = (record_ms_ + sink_->caller_ms()) / n;
