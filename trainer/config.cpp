@@ -159,7 +159,7 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
   s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch (one forward/backward)", 1);
   s.integer("train.grad_accum", &c.train.grad_accum, "micro-batches per optimizer step", 1);
-  s.integer("train.threads", &c.train.threads, "LibTorch intra-op threads; 0 = 1 on CPU, LibTorch's default on CUDA", 0, 1024);
+  s.integer("train.threads", &c.train.threads, "math threads of each rank (OpenBLAS's pool where LibTorch uses OpenBLAS, else LibTorch intra-op); 0 = 1 on CPU, LibTorch's default on CUDA", 0, 1024);
   s.choice("train.device", &c.train.device, "compute device; auto = cuda when available, else cpu", {"auto", "cpu", "cuda"});
   s.choice("train.dtype", &c.train.dtype, "compute dtype; bf16 = autocast with fp32 master weights and optimizer state "
            "(CPU: LibTorch >= 2.4)", {"fp32", "bf16"});

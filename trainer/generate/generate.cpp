@@ -10,6 +10,7 @@
 
 #include "data/tokenizer/tokenizer.h"
 #include "trainer/config.h"
+#include "trainer/runtime/device.h"
 #include "trainer/cli.h"
 #include "common/errors.h"
 #include "common/files.h"
@@ -98,7 +99,7 @@ int generate_cli(int argc, char** argv) {
     throw UsageError(e.what());
   }
   opt.kv_cache = !no_cache;
-  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  set_math_threads(threads);
   auto cfg = load_config(run_dir::config(run), {});
   if (weights.empty()) weights = run_dir::weights(run);
   auto tok = data::load_tokenizer_isolated(data_dir.empty() ? tokenizer_of(run, cfg.data) : data_dir);

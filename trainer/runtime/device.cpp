@@ -1,6 +1,7 @@
 // Device-specific pieces (see device.h). CUDA code only where LibTorch has CUDA.
-#include <cstdlib>
 #include "trainer/runtime/device.h"
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -44,15 +46,29 @@ torch::Device pick_device(const TrainConfig& t, int local_rank) {
   return torch::Device(torch::kCPU);
 }
 
+void set_math_threads(int64_t n) {
+  if (n <= 0) return;
+  using SetThreads = void (*)(int);  // OpenBLAS's, where the process has it (looked up: no link to it)
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(static_cast<int>(n));
+    torch::set_num_threads(1);
+  } else {
+    torch::set_num_threads(static_cast<int>(n));
+  }
+}
+
 void configure_math(const TrainConfig& t, const torch::Device& device) {
   const int64_t threads = t.threads > 0 ? t.threads : (device.is_cpu() ? 1 : 0);
-  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  set_math_threads(threads);
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
 }
 
 std::string describe_runtime(const torch::Device& device, int world) {
-  return strf("device: %s, LibTorch %s, %d threads, world size %d", device.str().c_str(),
-              compat::torch_version().c_str(), torch::get_num_threads(), world);
+  using GetThreads = int (*)();  // OpenBLAS's pool (set_math_threads), where the process has it
+  const auto openblas = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return strf("device: %s, LibTorch %s, %d threads%s, world size %d", device.str().c_str(),
+              compat::torch_version().c_str(), torch::get_num_threads(),
+              openblas ? strf(" (OpenBLAS %d)", openblas()).c_str() : "", world);
 }
 
 torch::Device use_device(const torch::Device& device) {

@@ -22,12 +22,21 @@ torch::Device use_device(const torch::Device& device);
 // Throws ConfigError when cuda is asked for and LibTorch has none, and when train.dtype bf16 asks
 // for CPU autocast that this LibTorch lacks (< 2.4).
 torch::Device pick_device(const TrainConfig& t, int local_rank);
-// The device's math settings for the run. LibTorch's intra-op threads (train.threads) when > 0; 0
-// on CPU means one, with OpenBLAS threading the matmuls itself: measured fastest on 2 cores, since
-// LibTorch and BLAS both threaded spin against each other (~2x slower at the kjv shape, ~20x at the
-// tests' tiny one). Debian's 1.13 starts with one thread, 2.x with one per core, so it is set, not
-// left to the version. 0 on CUDA keeps LibTorch's default; CUDA runs fp32 matmuls on TF32.
+// The device's math settings for the run: set_math_threads(train.threads) when > 0; 0 on CPU means
+// one thread (OpenBLAS's pool of one thread per core was ~1.35x faster on an idle 2-core machine
+// and ~19x slower beside two busy processes: see set_math_threads; train.threads: 2 asks for it). Debian's 1.13 starts with one
+// thread, 2.x with one per core, so it is set, not left to the version. 0 on CUDA keeps LibTorch's
+// default; CUDA runs fp32 matmuls on TF32.
 void configure_math(const TrainConfig& t, const torch::Device& device);
+// n math threads. Where LibTorch calls OpenBLAS (Debian's builds), n is OpenBLAS's pool, whose
+// sgemm splits each product over it, and LibTorch's intra-op pool is one thread: both pools
+// threaded spin against each other (4x4 layers of 256 on 2 cores, 30 steps, idle: 93 ms a step with
+// LibTorch 1 + OpenBLAS 2, 250 ms with 2 + 2, 128 ms with 1 + 1). torch::set_num_threads does not
+// reach OpenBLAS's pool, which starts with one thread per core: left so, every product's caller
+// spins (sched_yield) until the other thread has done its share, and beside busy processes a step
+// waited for a descheduled thread (2.6 s a step instead of 0.13, beside two busy loops on 2 cores).
+// Elsewhere (MKL, CUDA builds) n is LibTorch's intra-op pool. No-op for n <= 0.
+void set_math_threads(int64_t n);
 // "device: cuda:0, LibTorch 2.6.0, 1 threads, world size 2" for the log.
 std::string describe_runtime(const torch::Device& device, int world);
 
