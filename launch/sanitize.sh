@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer builds of the project and their test runs (see "What survives what" in README.md).
+# Sanitizer builds of the project and their test runs (see docs/guarantees.md).
 #
 #   bash launch/sanitize.sh            ASan+UBSan -> build-asan/: the torch-free suites (common_tests,
 #                                      data_tests: shards, loader, prep; config_tests;
