@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -337,6 +338,30 @@ TEST(Config, TrainerKeysFlagPrintsTheTable) {
   const auto help = test::run_bin("trainer", {"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("trainer --keys"), std::string::npos) << help.out;
+}
+
+// The keys of issue 41 (optim.z_loss, schedule.kind wsd, schedule.decay_shape, decay_fraction, a
+// stage's anneal) refused by the trainer itself: exit 2, one line naming the key, before any run.
+// Checked to fail with resolve_schedule() not called (wsd without a decay started training).
+TEST(Config, TrainerRefusesBadScheduleAndZLossValues) {
+  if (!stdfs::exists(test::bin_path("trainer"))) GTEST_SKIP() << "build/bin/trainer is not built";
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"optim.z_loss=-1", "key 'optim.z_loss': must be in [0, inf)"},
+      {"optim.z_loss=abc", "key 'optim.z_loss': expected a number"},
+      {"schedule.kind=wsd", "key 'schedule.kind': wsd needs the decay placed"},
+      {"schedule.decay_shape=sqrt", "key 'schedule.decay_shape': must be one of linear|1-sqrt|cosine"},
+      {"schedule.decay_fraction=1.5", "key 'schedule.decay_fraction': must be in [0, 1]"},
+      {"schedule.decay_fraction=0.1", "key 'schedule.decay_fraction': applies to schedule.kind=wsd only"},
+      {"data.stages=[{weights: {train: 1}, anneal: 3}]", "'anneal': expected true or false"},
+  };
+  for (const auto& [override_, needle] : bad) {
+    const auto r = test::run_bin("trainer", {test::source_path("configs/tiny.yaml"), "run.dir=" + dir / "run", override_});
+    EXPECT_EQ(r.exit_code, 2) << override_ << ": " << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << override_ << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << override_ << ": " << r.out;
+    EXPECT_FALSE(stdfs::exists(dir / "run/metrics.jsonl")) << override_;
+  }
 }
 
 // Hostile config files, as a new user would give them: duplicate keys, lists as keys, invalid

@@ -203,10 +203,8 @@ TEST(MixRunTest, AnnealStageStartsTheWsdDecayAndAResumeMovesIt) {
   for (int64_t step = 5; step <= 9; ++step) EXPECT_NEAR(lr[step], peak, 1e-12 * peak) << "step " << step;
   EXPECT_NEAR(lr[11], floor + (peak - floor) * 0.5, 1e-12 * peak);
   // From inside that decay (the step-12 checkpoint), moved again: refused, the lr would jump.
-  r = test::run_bin("trainer", args(run2, 12, 16));
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  const auto tail = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
-  EXPECT_NE(tail.find("steps 8-12 -> 12-16, but step 12 is past the start of the old decay"), std::string::npos) << r.out;
+  expect_one_line_exit_2(test::run_bin("trainer", args(run2, 12, 16)),
+                         "steps 8-12 -> 12-16, but step 12 is past the start of the old decay");
 }
 
 }  // namespace
