@@ -342,6 +342,7 @@ TEST(Optim, Schedule) {
 // at a quarter, half and three quarters of the decay; the floor at and past its end; the same
 // window from decay_fraction 0.2; an anneal stage's start, with and without a length (a floor
 // inside the run). Closed forms: p = (step - 80) / 20.
+// Checked to fail with 1-sqrt computed as sqrt(1 - p).
 TEST(Optim, WsdSchedulePhases) {
   ScheduleConfig s;
   s.kind = "wsd", s.warmup_steps = 10, s.min_lr_ratio = 0.1, s.decay_steps = 20;
@@ -384,6 +385,7 @@ TEST(Optim, WsdSchedulePhases) {
 // A wsd run resumed with a later train.max_steps (continual pretraining): from a checkpoint before
 // both decays it is allowed, the new decay runs, and record() says what moved; from a checkpoint in
 // the old decay, or past the new decay's start, it is refused (the lr would jump).
+// Checked to fail with the refusal in LrSchedule::load_state removed.
 TEST(Optim, WsdResumeWithAMovedDecay) {
   ScheduleConfig s;
   s.kind = "wsd", s.warmup_steps = 10, s.decay_steps = 20;

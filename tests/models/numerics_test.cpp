@@ -241,6 +241,8 @@ torch::Tensor nt_z_direct(const torch::Tensor& h, const torch::Tensor& w, const 
 // head + loss (fused_head_loss_z_sum). fp32 bounds: each row's lse and loss carry a few ulp of
 // relative rounding (sum of up to V = 203 exps, one log), summed in double: 1e-5 relative holds
 // with margin; the gradients are one product of fp32 roundings per element.
+// Checked to fail (dh, dw off by 0.2-0.4) with the z term left out of the CPU kernel's backward
+// scale, and with (c - g) p_t left out of the fused head's target-column gradient.
 TEST(ZLoss, EveryPathMatchesTheDirectComputation) {
   const auto k = nt_case(96, 16, 203, 50.0, 11);
   const double z = 1e-2, g_ce = 0.5, g_z = 0.25;
@@ -291,6 +293,7 @@ TEST(ZLoss, AllIgnoredIsZero) {
 
 // LMImpl::loss_terms: z_loss 0 is loss_sum() (no z term); z_loss > 0 gives the same cross-entropy and
 // the same z-loss through the plain and the fused path (GPT, fp32), and gradients within 1e-5.
+// Checked to fail (parameter gradients 1e-3 apart) with the fused target-column term broken.
 TEST(ZLoss, ModelLossTermsPlainAndFused) {
   torch::manual_seed(13);
   LM m = build_model(test::tiny_model(), 64);
@@ -439,6 +442,7 @@ TEST(FusedHeadLoss, TrainerRunOnMatchesOff) {
 // first step's loss is the z-less run's, bit for bit (the same weights, the same cross-entropy);
 // the z-loss's gradient is trained on (later losses differ); the fused path logs the same z_loss
 // within float rounding (1e-4: 4 steps of fp32 updates apart).
+// Checked to fail (step 4's loss equal) with the backward of the cross-entropy alone in step.cpp.
 TEST(ZLoss, TrainerRunLogsAndTrainsOnIt) {
   test::TempDir a, b, c;
   const std::vector<std::string> common = {"train.max_steps=4", "log.every_steps=1"};

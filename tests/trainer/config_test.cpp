@@ -111,6 +111,7 @@ TEST(Config, OutOfRangeNamesKeyAndLine) {
 
 // schedule.kind wsd and its keys, the anneal stage and optim.z_loss: what loads, what it resolves
 // to, and each refusal as its one line naming the key (and where it was set).
+// Checked to fail with the anneal stage's start off by one and the "decay placed" check removed.
 TEST(Config, WsdScheduleAnnealAndZLoss) {
   auto c = load_config("", {"schedule.kind=wsd", "schedule.decay_fraction=0.2", "schedule.decay_shape=1-sqrt",
                             "optim.z_loss=1e-4"});
@@ -342,7 +343,7 @@ TEST(Config, TrainerKeysFlagPrintsTheTable) {
 
 // The keys of issue 41 (optim.z_loss, schedule.kind wsd, schedule.decay_shape, decay_fraction, a
 // stage's anneal) refused by the trainer itself: exit 2, one line naming the key, before any run.
-// Checked to fail with resolve_schedule() not called (wsd without a decay started training).
+// Checked to fail with the "wsd needs the decay placed" check removed (another key was named).
 TEST(Config, TrainerRefusesBadScheduleAndZLossValues) {
   if (!stdfs::exists(test::bin_path("trainer"))) GTEST_SKIP() << "build/bin/trainer is not built";
   TempDir dir;

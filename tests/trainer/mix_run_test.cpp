@@ -154,6 +154,7 @@ TEST(MixRunTest, StageEndsByTokensAndEditedStagesApplyFromTheResumedBatch) {
 // start at the same step. Resumed from the step-4 checkpoint with a later max_steps and the stage
 // moved (continual pretraining): allowed, logged, meta.json says what moved, the steps where the old
 // run decayed run stable. Resumed from inside the decay with another move: exit 2, one line.
+// Checked to fail with the anneal stage's start off by one, and with the resume refusal removed.
 TEST(MixRunTest, AnnealStageStartsTheWsdDecayAndAResumeMovesIt) {
   TempDir tmp;
   const std::string data = test::shared_bytes_dataset(), run = tmp / "run", run2 = tmp / "run2";
