@@ -10,7 +10,8 @@
 // vector code, so an element's result never depends on where a thread's range starts.
 // Cross-entropy. Per row with target t: m = max x, lse = m + log sum exp(x - m), loss = lse - x_t;
 // backward dx = dloss (exp(x - lse) - [j = t]). Rows go whole to one thread; the rows' losses
-// are added in row order in double.
+// are added in row order in double. With the z-loss z lse^2 beside it (cross_entropy_z_sum):
+// dx = (dloss + dz 2 z lse) exp(x - lse) - dloss [j = t], the same one pass with another scale.
 // Attention. Per head, row-major: S = scale q k^T, P = causal softmax of S (the loss's row
 // helpers), y = P v; backward dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(P dP)),
 // dq = scale dS k, dk = scale dS^T q.
@@ -236,51 +237,95 @@ void row_softmax(const float* x, float* dx, int64_t n, const float* m_logs, floa
   row_softmax_scalar(x, dx, n, m_logs[0], m_logs[1], g);
 }
 
+// The loss's forward, shared by the cross-entropy alone and with the z-loss: each row's m and
+// log sum exp(x - m) into lse (N, 2), and the sums over the rows whose target is not -1, in double
+// in row order, of the losses and (with_z) of the squared log-sum-exps lse_i = m + log sum exp(x - m).
+struct LossSums {
+  double ce = 0, lse_sq = 0;
+};
+LossSums ce_forward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse, bool with_z) {
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const float* px = logits.data_ptr<float>();
+  const int64_t* pt = targets.data_ptr<int64_t>();
+  float* pl = lse.data_ptr<float>();
+  std::vector<double> row_loss(N, 0.0), row_sq(with_z ? N : 0, 0.0);
+  at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (pt[i] < 0) continue;
+      row_lse(px + i * V, V, pl + 2 * i);
+      row_loss[i] = static_cast<double>(pl[2 * i + 1]) - (px[i * V + pt[i]] - pl[2 * i]);
+      if (with_z) {
+        const double l = static_cast<double>(pl[2 * i]) + pl[2 * i + 1];
+        row_sq[i] = l * l;
+      }
+    }
+  });
+  LossSums out;
+  for (double l : row_loss) out.ce += l;
+  for (double l : row_sq) out.lse_sq += l;
+  return out;
+}
+
+// The loss's backward: dx_j = scale_i softmax_j - g [j = t], scale_i = g + gz2 lse_i (gz2 = 2 z_loss
+// times the z-loss's upstream gradient; gz2 == 0: scale_i is g itself, the cross-entropy's gradient).
+torch::Tensor ce_backward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse, float g,
+                          float gz2) {
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const float* px = logits.data_ptr<float>();
+  const int64_t* pt = targets.data_ptr<int64_t>();
+  const float* pl = lse.data_ptr<float>();
+  auto dx = torch::empty_like(logits);
+  float* pd = dx.data_ptr<float>();
+  at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (pt[i] < 0) {
+        std::fill(pd + i * V, pd + (i + 1) * V, 0.0f);
+        continue;
+      }
+      const float scale = gz2 == 0 ? g : g + gz2 * (pl[2 * i] + pl[2 * i + 1]);
+      row_softmax(px + i * V, pd + i * V, V, pl + 2 * i, scale);
+      pd[i * V + pt[i]] -= g;
+    }
+  });
+  return dx;
+}
+
 struct CrossEntropySum : torch::autograd::Function<CrossEntropySum> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets) {
     RECORD_FUNCTION("lm::cross_entropy_sum", std::vector<c10::IValue>({logits, targets}));
-    const int64_t N = logits.size(0), V = logits.size(1);
-    const float* px = logits.data_ptr<float>();
-    const int64_t* pt = targets.data_ptr<int64_t>();
-    auto lse = torch::zeros({N, 2}, logits.options());  // per row: m, log sum exp(x - m)
-    float* pl = lse.data_ptr<float>();
-    std::vector<double> row_loss(N, 0.0);
-    at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        if (pt[i] < 0) continue;
-        row_lse(px + i * V, V, pl + 2 * i);
-        row_loss[i] = static_cast<double>(pl[2 * i + 1]) - (px[i * V + pt[i]] - pl[2 * i]);
-      }
-    });
-    double total = 0;
-    for (double l : row_loss) total += l;
+    auto lse = torch::zeros({logits.size(0), 2}, logits.options());  // per row: m, log sum exp(x - m)
+    const LossSums sums = ce_forward(logits, targets, lse, /*with_z=*/false);
     ctx->save_for_backward({logits, targets, lse});
-    return torch::scalar_tensor(total, logits.options());
+    return torch::scalar_tensor(sums.ce, logits.options());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     RECORD_FUNCTION("lm::cross_entropy_sum_backward", std::vector<c10::IValue>({grads[0]}));
     auto saved = ctx->get_saved_variables();
-    const auto& logits = saved[0];
-    const int64_t N = logits.size(0), V = logits.size(1);
-    const float* px = logits.data_ptr<float>();
-    const int64_t* pt = saved[1].data_ptr<int64_t>();
-    const float* pl = saved[2].data_ptr<float>();
-    const float g = grads[0].item<float>();
-    auto dx = torch::empty_like(logits);
-    float* pd = dx.data_ptr<float>();
-    at::parallel_for(0, N, std::max<int64_t>(1, kGrain / V), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        if (pt[i] < 0) {
-          std::fill(pd + i * V, pd + (i + 1) * V, 0.0f);
-          continue;
-        }
-        row_softmax(px + i * V, pd + i * V, V, pl + 2 * i, g);
-        pd[i * V + pt[i]] -= g;
-      }
-    });
-    return {dx, torch::Tensor()};
+    return {ce_backward(saved[0], saved[1], saved[2], grads[0].item<float>(), 0.0f), torch::Tensor()};
+  }
+};
+
+// The same with the z-loss: (2,) [cross-entropy sum, z_loss x sum lse^2].
+struct CrossEntropyZSum : torch::autograd::Function<CrossEntropyZSum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, double z_loss) {
+    RECORD_FUNCTION("lm::cross_entropy_z_sum", std::vector<c10::IValue>({logits, targets}));
+    auto lse = torch::zeros({logits.size(0), 2}, logits.options());
+    const LossSums sums = ce_forward(logits, targets, lse, /*with_z=*/true);
+    ctx->save_for_backward({logits, targets, lse});
+    ctx->saved_data["z_loss"] = z_loss;
+    return torch::tensor({sums.ce, z_loss * sums.lse_sq}, torch::kDouble).to(logits.options());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    RECORD_FUNCTION("lm::cross_entropy_z_sum_backward", std::vector<c10::IValue>({grads[0]}));
+    auto saved = ctx->get_saved_variables();
+    const auto g = grads[0].to(torch::kFloat).contiguous();  // (2,): the upstream gradients of both sums
+    const float g_ce = g[0].item<float>(), g_z = g[1].item<float>();
+    const float gz2 = static_cast<float>(2.0 * ctx->saved_data["z_loss"].toDouble() * g_z);
+    return {ce_backward(saved[0], saved[1], saved[2], g_ce, gz2), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -402,6 +447,26 @@ torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor
   for (int64_t i = 0; i < t.numel(); ++i)
     TORCH_CHECK(pt[i] >= -1 && pt[i] < logits.size(1), "Target ", pt[i], " is out of bounds.");
   return CrossEntropySum::apply(logits.contiguous(), t);
+}
+
+torch::Tensor cross_entropy_z_sum(const torch::Tensor& logits, const torch::Tensor& targets, double z_loss) {
+  namespace F = torch::nn::functional;
+  TORCH_CHECK(z_loss > 0, "cross_entropy_z_sum: z_loss must be > 0, got ", z_loss);
+  if (!logits.device().is_cpu() || logits.scalar_type() != torch::kFloat || logits.dim() != 2 ||
+      targets.scalar_type() != torch::kLong || logits.layout() != torch::kStrided) {
+    auto ce = F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+    const auto dtype = logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;  // at least fp32
+    auto lse = torch::logsumexp(logits.to(dtype), 1);  // (N)
+    auto z = z_loss * torch::where(targets.ne(-1), lse * lse, torch::zeros_like(lse)).sum();
+    return torch::stack({ce.to(dtype), z});
+  }
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), "cross_entropy_z_sum: ", targets.sizes(),
+              " targets for logits of ", logits.sizes());
+  auto t = targets.contiguous();
+  const int64_t* pt = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    TORCH_CHECK(pt[i] >= -1 && pt[i] < logits.size(1), "Target ", pt[i], " is out of bounds.");
+  return CrossEntropyZSum::apply(logits.contiguous(), t, z_loss);
 }
 
 bool causal_attention_qkv_applies(const torch::Tensor& qkv) {

@@ -24,6 +24,13 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 // [0, V) and not -1 throws like LibTorch's ("Target 9 is out of bounds.").
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// The same with the z-loss beside it (PaLM's, optim.z_loss): (2,) [the cross-entropy sum, z_loss x the
+// sum of lse^2], lse = log sum_j exp(logits_j) of each row whose target is not -1; both entries
+// differentiable (d/dlogits_j of the second: 2 z_loss lse softmax_j, in the same one pass). fp32
+// (fp64 logits: fp64); anything but CPU float32 is LibTorch's cross-entropy and logsumexp.
+// REQUIRES: z_loss > 0 (0 is cross_entropy_sum, whose gradient path it leaves untouched).
+torch::Tensor cross_entropy_z_sum(const torch::Tensor& logits, const torch::Tensor& targets, double z_loss);
+
 // Causal self-attention of packed heads, what GPT's fused qkv projection gives: qkv (B, T, 3C) as
 // q | k | v, each C = n_head x hd wide -> y (B, T, C), heads side by side (the layout the output
 // projection reads, so no transposes are copied). Per head: one sgemm for the scores, a causal

@@ -24,4 +24,13 @@ namespace lm {
 // REQUIRES: every target < V (not checked on the device, as it would cost a sync).
 torch::Tensor fused_head_loss_sum(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets);
 
+// The same with the z-loss beside it (optim.z_loss): (2,) float32 [the cross-entropy sum, z_loss x the
+// sum over the valid rows of lse^2], lse = log sum_j exp(logit_j), both differentiable. lse is
+// computed in fp32 from the compute-dtype logits, a block of rows at a time (a transient fp32
+// temporary of at most 64 MB), before the softmax overwrites them; the backward scales the saved
+// softmax in place by g + g_z 2 z_loss lse (one more pass over it). REQUIRES: z_loss > 0 (0 is
+// fused_head_loss_sum, whose gradient path it leaves untouched).
+torch::Tensor fused_head_loss_z_sum(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                                    double z_loss);
+
 }  // namespace lm

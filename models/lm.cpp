@@ -28,6 +28,20 @@ torch::Tensor LMImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& ta
   return fused_head_loss_sum(h.reshape({-1, h.size(-1)}), head_weight(), targets.reshape({-1}));
 }
 
+LossTerms LMImpl::loss_terms(const torch::Tensor& idx, const torch::Tensor& targets) {
+  if (!(numerics.z_loss > 0)) return {loss_sum(idx, targets), torch::Tensor()};
+  torch::Tensor both;  // (2,): [cross-entropy sum, z-loss sum]
+  if (numerics.fused_loss) {
+    auto h = hidden(idx, nullptr);
+    both = fused_head_loss_z_sum(h.reshape({-1, h.size(-1)}), head_weight(), targets.reshape({-1}), numerics.z_loss);
+  } else {
+    auto logits = forward(idx, nullptr);
+    both = cross_entropy_z_sum(logits.view({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
+                               numerics.z_loss);
+  }
+  return {both[0], both[1]};
+}
+
 int64_t LMImpl::num_params() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

@@ -27,6 +27,15 @@ struct Numerics {
   // Each block keeps only its input for the backward and is run again there
   // (models/checkpoint_block.h); when training with grad, without a cache (checkpoint_blocks_now()).
   bool checkpoint_blocks = false;
+  // loss_terms(): the z-loss z_loss x logsumexp(logits)^2 per target token beside the cross-entropy
+  // (optim.z_loss); 0 = none (loss_terms() is loss_sum()).
+  double z_loss = 0;
+};
+
+// The training objective's terms, summed over targets != -1 (the trainer back-propagates ce + z and
+// logs them apart): the cross-entropy, and the z-loss (undefined where numerics.z_loss is 0).
+struct LossTerms {
+  torch::Tensor ce, z;
 };
 
 struct LMImpl : torch::nn::Module {
@@ -48,6 +57,9 @@ struct LMImpl : torch::nn::Module {
   // The same, summed over targets != -1 (the trainer divides by the step's token count); through
   // the fused head + loss when numerics.fused_loss.
   torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
+  // loss_sum() and, where numerics.z_loss > 0, the z-loss from the same logits (the plain path's
+  // cross_entropy_z_sum or the fused head's fused_head_loss_z_sum).
+  LossTerms loss_terms(const torch::Tensor& idx, const torch::Tensor& targets);
   // Redraws every weight as the architecture initialises it (default generator).
   virtual void init_weights() = 0;
   int64_t num_params() const;  // unique parameters (a tied head counted once)

@@ -56,8 +56,9 @@ void describe_data(Schema& s, DataConfig& d) {
   s.structured("data.sources", sources_doc(), "list of maps",
                [dp](const YAML::Node& n) { parse_sources(n, &dp->sources); },
                [dp] { return print_sources(dp->train_form ? std::vector<SourceConfig>{} : dp->sources); });
-  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}}]; empty = the "
-               "sources' weights throughout", "list of maps",
+  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}, anneal: "
+               "false}]; empty = the sources' weights throughout; anneal: true (schedule.kind wsd, one stage, after a "
+               "stage ending at a step): the lr's decay starts at the stage's first step", "list of maps",
                [dp](const YAML::Node& n) { parse_stages(n, &dp->stages); }, [dp] { return print_stages(dp->stages); });
   s.text("data.text", &d.text, "raw text in data.train: one document per line, paragraph or jsonl record; empty = a "
          "prepared dataset", choices_text(data_choices::text), train_key(&SourceConfig::text, &d.text));
@@ -150,11 +151,22 @@ void describe_training(Schema& s, ExperimentConfig& c) {
   s.choice("optim.clip_in_step", &c.optim.clip_in_step, "clip inside the fused AdamW (its grad_scale) instead of a pass "
            "over the gradients; needs the fused AdamW: auto = on CUDA where it runs", {"auto", "on", "off"});
 
-  s.choice("schedule.kind", &c.schedule.kind, "learning-rate schedule after the linear warmup",
-           {"cosine", "linear", "constant"});
+  s.number("optim.z_loss", &c.optim.z_loss, "z-loss: z_loss x logsumexp(logits)^2 added per target token to the "
+           "objective (PaLM used 1e-4), logged apart as z_loss (the loss stays the cross-entropy); 0 = off", 0, false);
+
+  s.choice("schedule.kind", &c.schedule.kind, "learning-rate schedule after the linear warmup; wsd = warmup, stable at "
+           "optim.lr, then a decay to the floor (schedule.decay_steps, decay_fraction or an anneal stage place it)",
+           {"cosine", "linear", "constant", "wsd"});
   s.integer("schedule.warmup_steps", &c.schedule.warmup_steps, "steps of linear warmup from 0 to optim.lr", 0);
-  s.number("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, "cosine and linear end at optim.lr x this", 0, false, 1);
-  s.integer("schedule.decay_steps", &c.schedule.decay_steps, "step at which the decay ends; 0 = train.max_steps", 0);
+  s.number("schedule.min_lr_ratio", &c.schedule.min_lr_ratio, "cosine, linear and wsd end at optim.lr x this", 0, false, 1);
+  s.integer("schedule.decay_steps", &c.schedule.decay_steps, "cosine, linear: the step at which the decay ends, 0 = "
+            "train.max_steps; wsd: the decay's length in steps, ending at train.max_steps (or starting at the anneal "
+            "stage), 0 = schedule.decay_fraction", 0);
+  s.choice("schedule.decay_shape", &c.schedule.decay_shape, "wsd: the decay's shape, progress p from 0 to 1: linear "
+           "(1 - p), 1-sqrt (1 - sqrt(p)) or cosine", {"linear", "1-sqrt", "cosine"});
+  s.number("schedule.decay_fraction", &c.schedule.decay_fraction, "wsd: the decay's length as a share of "
+           "train.max_steps (torchtitan's decay_ratio); 0 = schedule.decay_steps or the anneal stage gives it",
+           0, false, 1, false);
 
   s.integer("train.max_steps", &c.train.max_steps, "optimizer steps", 1);
   s.integer("train.micro_batch_size", &c.train.micro_batch_size, "sequences per micro-batch (one forward/backward)", 1);
@@ -324,6 +336,67 @@ void validate(const ExperimentConfig& c, const Origins& origins) {
     throw ConfigError("key 'train.bf16_residual': needs train.dtype=bf16 (it is " + c.train.dtype + ")");
 }
 
+// The schedule's rules across keys (after validate(): data.stages are well formed), and wsd's
+// anneal_start from the anneal stage. wsd's keys (but at their defaults) and an anneal stage only
+// with schedule.kind=wsd; one anneal stage, after a stage that ends at a step; wsd's decay
+// (wsd_decay_window) given by decay_steps or decay_fraction (not both), or an anneal stage (its
+// start; with one of the two, its length), at least one step long, inside [warmup_steps, max_steps].
+void resolve_schedule(ExperimentConfig& c, const Origins& origins) {
+  ScheduleConfig& s = c.schedule;
+  auto fail = [&](const std::string& key, const std::string& why) {
+    const auto it = origins.find(key);
+    throw ConfigError((it == origins.end() ? "" : it->second + ": ") + "key '" + key + "': " + why);
+  };
+  const auto& stages = c.data.stages;
+  int64_t anneal = -1;
+  size_t anneal_stage = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (!stages[i].anneal) continue;
+    const std::string who = "stage " + std::to_string(i + 1);
+    if (!s.wsd()) fail("data.stages", who + ": anneal needs schedule.kind=wsd (it is " + s.kind + ")");
+    if (anneal >= 0)
+      fail("data.stages", who + ": only one stage may start the decay (stage " + std::to_string(anneal_stage + 1) +
+                              " has anneal: true)");
+    if (i > 0 && stages[i - 1].until_step == 0)
+      fail("data.stages", who + ": anneal needs the stage before it to end at a step (until), not at a token count "
+                                "(until_tokens): the decay's first step must be known before the run");
+    anneal = i == 0 ? 0 : stages[i - 1].until_step, anneal_stage = i;
+  }
+  s.anneal_start = -1;
+  if (!s.wsd()) {  // only their defaults (config.yaml writes every key)
+    const ScheduleConfig def;
+    if (s.decay_shape != def.decay_shape) fail("schedule.decay_shape", "applies to schedule.kind=wsd only (it is " + s.kind + ")");
+    if (s.decay_fraction != def.decay_fraction)
+      fail("schedule.decay_fraction", "applies to schedule.kind=wsd only (it is " + s.kind + ")");
+    return;
+  }
+  if (s.decay_steps > 0 && s.decay_fraction > 0)
+    fail("schedule.decay_fraction", "set either schedule.decay_steps or schedule.decay_fraction, not both");
+  if (s.decay_steps <= 0 && s.decay_fraction <= 0 && anneal < 0)
+    fail("schedule.kind", "wsd needs the decay placed: schedule.decay_steps, schedule.decay_fraction or a data.stages "
+                          "entry with anneal: true");
+  s.anneal_start = anneal;
+  const int64_t max_steps = c.train.max_steps;
+  const DecayWindow d = wsd_decay_window(s, max_steps);
+  const std::string range = "steps " + std::to_string(d.start) + "-" + std::to_string(d.end);
+  const std::string max_text = "train.max_steps=" + std::to_string(max_steps);
+  if (anneal >= 0) {
+    if (d.start >= max_steps)
+      fail("data.stages", "stage " + std::to_string(anneal_stage + 1) + " starts at step " + std::to_string(d.start) +
+                              ", not before " + max_text + ": the decay would never start");
+  }
+  const std::string len_key = s.decay_steps > 0 ? "schedule.decay_steps" : "schedule.decay_fraction";
+  if (anneal >= 0 && d.end > max_steps)
+    fail(len_key, "the decay from the anneal stage (" + range + ") ends after " + max_text);
+  const std::string by = anneal >= 0 && d.end - d.start >= 1 ? "data.stages" : len_key;
+  if (d.end - d.start < 1)
+    fail(by, "the decay is " + std::to_string(d.end - d.start) + " steps of " + max_text + "; it needs at least 1");
+  if (d.start < 0) fail(by, "the decay (" + std::to_string(d.end - d.start) + " steps) is longer than " + max_text);
+  if (d.start < s.warmup_steps)
+    fail(by, "the decay (" + range + ") would start inside the warmup (schedule.warmup_steps=" +
+                 std::to_string(s.warmup_steps) + ")");
+}
+
 // A model key the architecture does not read may be set only to its default (so one base file can
 // serve both architectures of a sweep); any other value is refused where it was set.
 void check_arch_keys(const Schema& s, const ExperimentConfig& c, const Origins& origins) {
@@ -379,6 +452,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   }
   check_arch_keys(s, cfg, origins);
   validate(cfg, origins);
+  resolve_schedule(cfg, origins);
   resolve_train_form(cfg.data);
   return cfg;
 }

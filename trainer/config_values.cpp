@@ -131,9 +131,10 @@ void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out) {
   const YAML::Node& list = list_of(n);
   for (size_t i = 0; i < list.size(); ++i) {
     StageConfig s;
-    each_key(i, list[i], {"until", "until_tokens", "weights"}, [&](const std::string& k, const YAML::Node& v) {
+    each_key(i, list[i], {"until", "until_tokens", "weights", "anneal"}, [&](const std::string& k, const YAML::Node& v) {
       if (k == "until") s.until_step = parse_int(v);
       if (k == "until_tokens") s.until_tokens = parse_int(v);
+      if (k == "anneal") s.anneal = parse_bool(v);
       if (k != "weights") return;
       if (!v.IsMap()) bad("expected a map of source name: weight");
       for (auto it = v.begin(); it != v.end(); ++it) s.weights.emplace_back(it->first.as<std::string>(), parse_double(it->second));
@@ -173,7 +174,7 @@ std::string print_stages(const std::vector<StageConfig>& v) {
     for (const auto& [name, x] : s.weights) w += (w.empty() ? "" : ", ") + quote(name) + ": " + fmt_double(x);
     out += (out.empty() ? "" : ", ") + std::string("{") +
            (s.until_tokens > 0 ? "until_tokens: " + std::to_string(s.until_tokens) : "until: " + std::to_string(s.until_step)) +
-           ", weights: {" + w + "}}";
+           ", weights: {" + w + "}" + (s.anneal ? ", anneal: true" : "") + "}";
   }
   return "[" + out + "]";
 }

@@ -24,12 +24,15 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.model->numerics.fused_loss = cfg.train.fused_loss_on(device.is_cuda());
   m.model->numerics.bf16_residual = cfg.train.bf16_residual;
   m.model->numerics.checkpoint_blocks = cfg.train.checkpoint_blocks();
+  m.model->numerics.z_loss = cfg.optim.z_loss;
   if (rank == 0) {  // before seed_rank: a dropout in the probe draws from the stream seed_rank resets
     log::info(describe_attention(cfg.model, cfg.train.micro_batch_size, cfg.train.bf16() ? torch::kBFloat16 : torch::kFloat,
                                  device, /*train=*/true));
-    log::info(strf("loss: %s (train.fused_loss=%s); residual stream %s (train.bf16_residual)",
+    log::info(strf("loss: %s (train.fused_loss=%s)%s; residual stream %s (train.bf16_residual)",
                    m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
-                   cfg.train.fused_loss.c_str(), cfg.train.bf16_residual ? "bf16" : "fp32"));
+                   cfg.train.fused_loss.c_str(),
+                   cfg.optim.z_loss > 0 ? strf(", z-loss %g x logsumexp^2 per target token (optim.z_loss)", cfg.optim.z_loss).c_str() : "",
+                   cfg.train.bf16_residual ? "bf16" : "fp32"));
     log::info(strf("activations: %s (train.activation_checkpointing=%s)",
                    m.model->numerics.checkpoint_blocks ? "each block's input kept, the block run again in the backward"
                                                        : "every block's kept for the backward",

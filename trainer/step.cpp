@@ -39,22 +39,27 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
   p_.flat->zero_grad();
   const auto on_device = torch::TensorOptions().device(p_.device);
   torch::Tensor loss_sum = torch::zeros({}, on_device);
+  torch::Tensor z_sum = cfg.optim.z_loss > 0 ? torch::zeros({}, on_device) : torch::Tensor();  // optim.z_loss only
   for (int64_t m = 0; m < accum; ++m) {
     auto& b = batches[m];
     auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
     auto y = uploader_.upload(b.targets, b.rows, b.cols);
     if (p_.grad_sync) p_.grad_sync->begin(m == accum - 1);
     if (bf16_) compat::set_autocast(p_.device, true);
-    auto loss = b.rows > 0 ? p_.model->loss_sum(x, y) : torch::zeros({}, on_device);
+    // optim.z_loss 0: terms.z undefined and terms.ce is loss_sum(), the one loss back-propagated as before.
+    auto terms = b.rows > 0 ? p_.model->loss_terms(x, y) : LossTerms{torch::zeros({}, on_device), {}};
+    auto loss = terms.ce;
     if (bf16_) compat::set_autocast(p_.device, false);
     if (step + 1 == fault_nan_step_) loss = loss * std::nan("");  // fault injection (tests): a non-finite step
-    if (b.rows > 0) (loss / global_targets).backward();
+    if (b.rows > 0) ((terms.z.defined() ? loss + terms.z : loss) / global_targets).backward();
     if (bf16_) compat::clear_autocast_cache();
     loss_sum += loss.detach();
+    if (terms.z.defined()) z_sum += terms.z.detach();
   }
   if (p_.grad_sync) p_.grad_sync->finish(step + 1);
   const auto norm = p_.zero ? p_.zero->grad_norm(step + 1) : torch::Tensor();  // ZeRO-1 with reduce-scatter: from the pieces
   *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip, norm).to(torch::kDouble)});
+  if (cfg.optim.z_loss > 0) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
   return mine;
 }
 

@@ -45,7 +45,7 @@ class ForwardBackward {
 
   // Step `step` (0-based): fills `batches` (grad_accum of them; data.reuse_batch keeps the first
   // ones), runs them and returns this rank's totals. *stats: (2,) float64 on the device, [loss sum,
-  // grad norm before clipping (the same on every rank)].
+  // grad norm before clipping (the same on every rank)], and with optim.z_loss > 0 (3,): [..., z-loss sum].
   RankStats run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats);
   // Loader batches returned before the last run() began (a checkpoint after a failed read resumes
   // at that step's first micro-batch).
@@ -64,7 +64,7 @@ class ForwardBackward {
 struct StepResult {
   int64_t step = 0;  // 1-based
   RankStats mine;
-  HostScalars stats;  // [loss sum, grad norm]
+  HostScalars stats;  // [loss sum, grad norm] (and the z-loss sum, optim.z_loss)
   double lr = 0, seconds = -1;  // seconds: set when the step is left pending
   clock::Steady::time_point t0;
   std::vector<data::Batch> kept;  // the batches, kept for anomaly evidence while pending

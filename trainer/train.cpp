@@ -119,7 +119,8 @@ class Trainer {
     update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, zero_.get());
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
     telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_),
-                               gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token}, resumed);
+                               gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token,
+                               schedule_.record()}, resumed);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
     ckpt_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
     stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints
@@ -267,6 +268,7 @@ class Trainer {
   std::pair<std::string, GlobalStats> read_step(StepResult& s, const std::vector<data::Batch>& batches) {
     const std::vector<double> v = s.stats.get();
     s.mine.loss_sum = v[0];
+    if (v.size() > 2) s.mine.z_loss_sum = v[2];
     const double gnorm = v[1];
     const GlobalStats all = gather_step_stats(s.mine, comm_.get(), world_, s.step - 1);
     const std::string anomaly = telemetry_.check_step({s.step, all.loss, gnorm, s.lr, all.batch_hash}, batches, data_.sources);
@@ -275,7 +277,7 @@ class Trainer {
     progress_.tokens += all.targets;
     const double step_s = s.seconds >= 0 ? s.seconds : seconds_since(s.t0);
     ckpt_->step_done(step_s);  // measures an in-flight save's real stall
-    telemetry_.add_step({all.loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, s.mine.flops,
+    telemetry_.add_step({all.loss, all.z_loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, s.mine.flops,
                          s.step > progress_.start_step + 1});
     if (s.step % cfg_.log.every_steps == 0 || s.step == cfg_.train.max_steps)
       telemetry_.train_record({progress_.step, s.lr, gnorm, progress_.tokens, progress_.epoch(), all.batch_hash}, *source_tokens_);

@@ -41,6 +41,9 @@ struct StageConfig {
   int64_t until_step = 0;
   int64_t until_tokens = 0;
   std::vector<std::pair<std::string, double>> weights;  // by source name; an omitted source: 0
+  // The learning rate's decay (schedule.kind wsd) starts at this stage's first step; the loader
+  // does not read it (the config loader turns it into ScheduleConfig::anneal_start).
+  bool anneal = false;
 };
 
 struct DataConfig {

@@ -338,6 +338,113 @@ TEST(Optim, Schedule) {
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 110, 100), 1.0);
 }
 
+// wsd at every phase: warmup 10, max_steps 100, a 20-step decay (steps 80-100) to 0.1; the shapes
+// at a quarter, half and three quarters of the decay; the floor at and past its end; the same
+// window from decay_fraction 0.2; an anneal stage's start, with and without a length (a floor
+// inside the run). Closed forms: p = (step - 80) / 20.
+// Checked to fail with 1-sqrt computed as sqrt(1 - p).
+TEST(Optim, WsdSchedulePhases) {
+  ScheduleConfig s;
+  s.kind = "wsd", s.warmup_steps = 10, s.min_lr_ratio = 0.1, s.decay_steps = 20;
+  const auto lr = [&](int64_t step) { return lr_at(s, 2.0, 100, step); };
+  EXPECT_DOUBLE_EQ(lr(0), 0.2);  // warmup: 2 x (step + 1) / 10
+  EXPECT_DOUBLE_EQ(lr(4), 1.0);
+  EXPECT_DOUBLE_EQ(lr(9), 2.0);
+  for (int64_t step : {10, 45, 79}) EXPECT_DOUBLE_EQ(lr(step), 2.0) << "stable at " << step;
+  EXPECT_DOUBLE_EQ(lr(80), 2.0);  // the decay's first step: p = 0
+  const double lo = 0.2, span = 1.8;
+  EXPECT_NEAR(lr(85), lo + span * 0.75, 1e-12);  // linear: 1 - p
+  EXPECT_NEAR(lr(90), lo + span * 0.5, 1e-12);
+  EXPECT_NEAR(lr(99), lo + span * 0.05, 1e-12);
+  for (int64_t step : {100, 101, 1000}) EXPECT_DOUBLE_EQ(lr(step), lo) << "floor at " << step;
+  s.decay_shape = "1-sqrt";
+  EXPECT_DOUBLE_EQ(lr(80), 2.0);
+  EXPECT_NEAR(lr(85), lo + span * 0.5, 1e-12);  // 1 - sqrt(1/4)
+  EXPECT_NEAR(lr(89), lo + span * (1 - std::sqrt(0.45)), 1e-12);
+  EXPECT_NEAR(lr(95), lo + span * (1 - std::sqrt(0.75)), 1e-12);
+  EXPECT_DOUBLE_EQ(lr(100), lo);
+  EXPECT_DOUBLE_EQ(lr(79), 2.0);
+  s.decay_shape = "cosine";
+  EXPECT_NEAR(lr(90), lo + span * 0.5, 1e-12);
+  EXPECT_NEAR(lr(85), lo + span * 0.5 * (1 + std::cos(M_PI / 4)), 1e-12);
+  s.decay_shape = "linear", s.decay_steps = 0, s.decay_fraction = 0.2;  // 0.2 x 100 = the same 20 steps
+  EXPECT_EQ(wsd_decay_window(s, 100).start, 80);
+  EXPECT_EQ(wsd_decay_window(s, 100).end, 100);
+  EXPECT_NEAR(lr(90), lo + span * 0.5, 1e-12);
+  EXPECT_EQ(wsd_decay_window(s, 33).start, 26);  // round(6.6) = 7 steps
+  s.decay_fraction = 0, s.anneal_start = 60;  // an anneal stage at step 60, no length: to max_steps
+  EXPECT_DOUBLE_EQ(lr(59), 2.0);
+  EXPECT_DOUBLE_EQ(lr(60), 2.0);
+  EXPECT_NEAR(lr(80), lo + span * 0.5, 1e-12);
+  s.decay_steps = 20;  // and with a length: steps 60-80, the floor from 80 to the end
+  EXPECT_NEAR(lr(70), lo + span * 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(lr(80), lo);
+  EXPECT_DOUBLE_EQ(lr(99), lo);
+}
+
+// A wsd run resumed with a later train.max_steps (continual pretraining): from a checkpoint before
+// both decays it is allowed, the new decay runs, and record() says what moved; from a checkpoint in
+// the old decay, or past the new decay's start, it is refused (the lr would jump).
+// Checked to fail with the refusal in LrSchedule::load_state removed.
+TEST(Optim, WsdResumeWithAMovedDecay) {
+  ScheduleConfig s;
+  s.kind = "wsd", s.warmup_steps = 10, s.decay_steps = 20;
+  int64_t done = 0;
+  LrSchedule old_run(s, 1.0, 100, &done);  // decay 80-100
+  auto state_at = [&](int64_t step) {
+    done = step;
+    return old_run.state();
+  };
+  EXPECT_EQ(state_at(80).values["decay_start"], 80);
+  EXPECT_EQ(state_at(80).values["decay_end"], 100);
+  for (int64_t at : {50, 80}) {  // 80: the stable phase finished, the decay not begun
+    LrSchedule longer(s, 1.0, 200, &done);  // decay 180-200
+    const auto st = state_at(at);
+    EXPECT_NO_THROW(longer.load_state(&st)) << at;
+    const auto rec = longer.record();
+    EXPECT_EQ(rec["decay_start"], 180);
+    EXPECT_EQ(rec["decay_end"], 200);
+    EXPECT_EQ(rec["decay_shape"], "linear");
+    EXPECT_EQ(rec["decay_moved"]["resumed_at_step"], at);
+    EXPECT_EQ(rec["decay_moved"]["was_decay_start"], 80);
+    EXPECT_EQ(rec["decay_moved"]["was_decay_end"], 100);
+    EXPECT_DOUBLE_EQ(longer.at(90), 1.0);  // stable where the old run decayed
+    EXPECT_NEAR(longer.at(190), 0.1 + 0.9 * 0.5, 1e-12);
+  }
+  {  // a checkpoint inside the old decay
+    LrSchedule longer(s, 1.0, 200, &done);
+    const auto st = state_at(81);
+    EXPECT_THROW(longer.load_state(&st), ConfigError);
+  }
+  {  // the new decay would start before the checkpoint: 40 steps ending at 100 start at 60
+    ScheduleConfig t = s;
+    t.decay_steps = 40;
+    LrSchedule earlier(t, 1.0, 100, &done);
+    const auto st = state_at(70);
+    try {
+      earlier.load_state(&st);
+      ADD_FAILURE() << "resumed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("steps 80-100 -> 60-100"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("at or before step 60"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line";
+    }
+  }
+  {  // the same decay: nothing moved, nothing recorded
+    LrSchedule same(s, 1.0, 100, &done);
+    const auto st = state_at(90);
+    EXPECT_NO_THROW(same.load_state(&st));
+    EXPECT_FALSE(same.record().contains("decay_moved"));
+  }
+  {  // the non-wsd record: cosine's decay from the warmup's end to max_steps
+    ScheduleConfig c;
+    LrSchedule cosine(c, 1.0, 100, &done);
+    EXPECT_EQ(cosine.record()["decay_start"], 100);  // the default warmup_steps: 100
+    EXPECT_EQ(cosine.record()["decay_end"], 100);
+    EXPECT_EQ(cosine.state().values.count("decay_start"), 0u) << "non-wsd state unchanged";
+  }
+}
+
 TEST(Safetensors, RoundTripIsByteIdenticalAndChecked) {
   test::TempDir dir;
   torch::manual_seed(0);

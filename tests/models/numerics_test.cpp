@@ -263,6 +263,113 @@ TEST(FusedHeadLoss, ModelLossSumMatchesThePlainPath) {
   }
 }
 
+// ---- the z-loss (optim.z_loss): z x logsumexp(logits)^2 per target token, beside the loss ----
+
+// The direct computation in float64: [cross-entropy sum, z * sum over valid rows of lse^2] of the
+// logits h w^T, and the gradients of g_ce * ce + g_z * z_sum.
+struct NtZResult {
+  torch::Tensor ce, z, dh, dw;
+};
+template <typename Fn>  // fn(h, w, t) -> (2,) [ce sum, z sum]
+NtZResult nt_z_run(const torch::Tensor& h0, const torch::Tensor& w0, const torch::Tensor& t, double g_ce, double g_z, Fn fn) {
+  auto h = h0.detach().clone().requires_grad_(true), w = w0.detach().clone().requires_grad_(true);
+  auto both = fn(h, w, t);
+  auto g = torch::autograd::grad({both}, {h, w}, {torch::tensor({g_ce, g_z}, both.options())});
+  return {both[0].detach(), both[1].detach(), g[0], g[1]};
+}
+torch::Tensor nt_z_direct(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& t, double z) {
+  auto logits = torch::mm(h.to(torch::kDouble), w.to(torch::kDouble).t());
+  auto ce = F::cross_entropy(logits, t, F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  auto lse = torch::logsumexp(logits, 1);
+  return torch::stack({ce, z * (lse * lse * t.ne(-1).to(torch::kDouble)).sum()});
+}
+
+// The three paths against the direct float64 computation, with ignored rows, extreme rows (logits
+// x50) and different upstream gradients for the two terms (the trainer gives both 1/tokens): the
+// CPU's fused loss kernel (cross_entropy_z_sum on CPU fp32 logits: the plain path's on the CPU),
+// LibTorch's ops (cross_entropy_z_sum on fp64 logits: the plain path on other devices) and the fused
+// head + loss (fused_head_loss_z_sum). fp32 bounds: each row's lse and loss carry a few ulp of
+// relative rounding (sum of up to V = 203 exps, one log), summed in double: 1e-5 relative holds
+// with margin; the gradients are one product of fp32 roundings per element.
+// Checked to fail (dh, dw off by 0.2-0.4) with the z term left out of the CPU kernel's backward
+// scale, and with (c - g) p_t left out of the fused head's target-column gradient.
+TEST(ZLoss, EveryPathMatchesTheDirectComputation) {
+  const auto k = nt_case(96, 16, 203, 50.0, 11);
+  const double z = 1e-2, g_ce = 0.5, g_z = 0.25;
+  const auto ref = nt_z_run(k.h.to(torch::kDouble), k.w.to(torch::kDouble), k.t, g_ce, g_z,
+                            [&](auto& a, auto& b, auto& c) { return nt_z_direct(a, b, c, z); });
+  ASSERT_GT(ref.z.item<double>(), 0);
+  const auto cpu_kernel = nt_z_run(k.h, k.w, k.t, g_ce, g_z, [&](auto& a, auto& b, auto& c) {
+    return cross_entropy_z_sum(F::linear(a, b).to(torch::kFloat), c, z);
+  });
+  const auto torch_ops = nt_z_run(k.h.to(torch::kDouble), k.w.to(torch::kDouble), k.t, g_ce, g_z,
+                                  [&](auto& a, auto& b, auto& c) { return cross_entropy_z_sum(F::linear(a, b), c, z); });
+  const auto fused = nt_z_run(k.h, k.w, k.t, g_ce, g_z, [&](auto& a, auto& b, auto& c) {
+    return fused_head_loss_z_sum(a, b, c, z);
+  });
+  for (const auto* r : {&cpu_kernel, &torch_ops, &fused}) {
+    const char* what = r == &cpu_kernel ? "CPU kernel" : r == &torch_ops ? "LibTorch ops" : "fused head";
+    const double tol = r == &torch_ops ? 1e-12 : 1e-5;
+    EXPECT_NEAR(r->ce.item<double>(), ref.ce.item<double>(), tol * ref.ce.item<double>()) << what;
+    EXPECT_NEAR(r->z.item<double>(), ref.z.item<double>(), tol * ref.z.item<double>()) << what;
+    EXPECT_LT(nt_rel_err(r->dh, ref.dh), tol) << what;
+    EXPECT_LT(nt_rel_err(r->dw, ref.dw), tol) << what;
+    auto ignored = k.t.eq(-1);  // ignored rows: no gradient at all
+    EXPECT_EQ(r->dh.index({ignored}).abs().max().item<double>(), 0.0) << what;
+  }
+  // The z-loss's own gradient is in there: without it the gradients differ well beyond rounding.
+  const auto ce_only = nt_run(k.h, k.w, k.t, [](auto& a, auto& b, auto& c) { return fused_head_loss_sum(a, b, c); });
+  EXPECT_GT(nt_rel_err(ce_only.dh, ref.dh), 1e-3);
+  // The cross-entropy entry is the z-less function's value, bit for bit (the same forward).
+  auto logits = F::linear(k.h, k.w);
+  EXPECT_TRUE(torch::equal(cross_entropy_z_sum(logits, k.t, z)[0], cross_entropy_sum(logits, k.t)));
+  EXPECT_TRUE(torch::equal(fused_head_loss_z_sum(k.h, k.w, k.t, z)[0], fused_head_loss_sum(k.h, k.w, k.t)));
+}
+
+// Every target ignored: both terms 0, no gradient (the ignored rows' lse do not count).
+TEST(ZLoss, AllIgnoredIsZero) {
+  auto k = nt_case(8, 16, 64, 1.0, 12);
+  const auto none = torch::full({8}, -1, torch::kLong);
+  for (bool fused : {false, true}) {
+    auto r = nt_z_run(k.h, k.w, none, 1.0, 1.0, [&](auto& a, auto& b, auto& c) {
+      return fused ? fused_head_loss_z_sum(a, b, c, 0.1) : cross_entropy_z_sum(F::linear(a, b), c, 0.1);
+    });
+    EXPECT_EQ(r.ce.item<double>(), 0.0) << fused;
+    EXPECT_EQ(r.z.item<double>(), 0.0) << fused;
+    EXPECT_EQ(r.dh.abs().max().item<double>(), 0.0) << fused;
+    EXPECT_EQ(r.dw.abs().max().item<double>(), 0.0) << fused;
+  }
+}
+
+// LMImpl::loss_terms: z_loss 0 is loss_sum() (no z term); z_loss > 0 gives the same cross-entropy and
+// the same z-loss through the plain and the fused path (GPT, fp32), and gradients within 1e-5.
+// Checked to fail (parameter gradients 1e-3 apart) with the fused target-column term broken.
+TEST(ZLoss, ModelLossTermsPlainAndFused) {
+  torch::manual_seed(13);
+  LM m = build_model(test::tiny_model(), 64);
+  auto idx = torch::randint(0, 64, {3, 16}, torch::kLong), tgt = torch::randint(0, 64, {3, 16}, torch::kLong);
+  tgt.slice(1, 10, 16).fill_(-1);
+  auto off = m->loss_terms(idx, tgt);
+  EXPECT_FALSE(off.z.defined());
+  EXPECT_TRUE(torch::equal(off.ce, m->loss_sum(idx, tgt)));
+  auto run = [&](bool fused) {
+    m->numerics.fused_loss = fused, m->numerics.z_loss = 1e-3;
+    m->zero_grad();
+    auto t = m->loss_terms(idx, tgt);
+    (t.ce + t.z).backward();
+    std::vector<torch::Tensor> g = {t.ce.detach(), t.z.detach()};
+    for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  auto plain = run(false), fused = run(true);
+  EXPECT_GT(plain[1].item<double>(), 0);
+  EXPECT_NEAR(fused[0].item<double>(), plain[0].item<double>(), 1e-5 * plain[0].item<double>());
+  EXPECT_NEAR(fused[1].item<double>(), plain[1].item<double>(), 1e-5 * plain[1].item<double>());
+  for (size_t i = 2; i < plain.size(); ++i) EXPECT_LT(nt_rel_err(fused[i], plain[i]), 1e-5) << "parameter " << i;
+  m->numerics.fused_loss = false, m->numerics.z_loss = 0;
+  EXPECT_TRUE(torch::equal(plain[0], m->loss_sum(idx, tgt).detach())) << "the same cross-entropy as without z";
+}
+
 std::string nt_needs_cpu_autocast() {
   return compat::kHasCpuAutocast ? "" : "LibTorch " + compat::torch_version() + " has no CPU bf16 autocast (>= 2.4): " +
                                             "bash launch/torch2.sh runs this against LibTorch 2.6";
@@ -379,6 +486,40 @@ TEST(FusedHeadLoss, TrainerRunOnMatchesOff) {
     const double x = la[i]["loss"].get<double>(), y = lb[i]["loss"].get<double>();
     EXPECT_NEAR(y, x, 1e-4 * x) << "window " << i;
   }
+}
+
+// optim.z_loss in real runs: metrics.jsonl's train records carry z_loss (none without it); the
+// first step's loss is the z-less run's, bit for bit (the same weights, the same cross-entropy);
+// the z-loss's gradient is trained on (later losses differ); the fused path logs the same z_loss
+// within float rounding (1e-4: 4 steps of fp32 updates apart).
+// Checked to fail (step 4's loss equal) with the backward of the cross-entropy alone in step.cpp.
+TEST(ZLoss, TrainerRunLogsAndTrainsOnIt) {
+  test::TempDir a, b, c;
+  const std::vector<std::string> common = {"train.max_steps=4", "log.every_steps=1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  auto ra = nt_trainer(a.path(), with({}));
+  ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  auto rb = nt_trainer(b.path(), with({"optim.z_loss=0.01"}));
+  ASSERT_EQ(rb.exit_code, 0) << rb.out;
+  auto rc = nt_trainer(c.path(), with({"optim.z_loss=0.01", "train.fused_loss=on"}));
+  ASSERT_EQ(rc.exit_code, 0) << rc.out;
+  EXPECT_NE(rb.out.find("z-loss 0.01 x logsumexp^2 per target token (optim.z_loss)"), std::string::npos) << rb.out;
+  const auto la = nt_train_records(a.path()), lb = nt_train_records(b.path()), lc = nt_train_records(c.path());
+  ASSERT_EQ(la.size(), 4u);
+  ASSERT_EQ(lb.size(), 4u);
+  ASSERT_EQ(lc.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_FALSE(la[i].contains("z_loss")) << la[i].dump();
+    ASSERT_TRUE(lb[i].contains("z_loss")) << lb[i].dump();
+    const double zb = lb[i]["z_loss"].get<double>(), zc = lc[i]["z_loss"].get<double>();
+    EXPECT_GT(zb, 0);
+    EXPECT_NEAR(zc, zb, 1e-4 * zb) << "step " << i + 1;
+  }
+  EXPECT_EQ(lb[0]["loss"].get<double>(), la[0]["loss"].get<double>());
+  EXPECT_NE(lb[3]["loss"].get<double>(), la[3]["loss"].get<double>());
 }
 
 TEST(Bf16Residual, RefusedWithoutBf16) {

@@ -149,5 +149,64 @@ TEST(MixRunTest, StageEndsByTokensAndEditedStagesApplyFromTheResumedBatch) {
   }
 }
 
+// schedule.kind wsd with an anneal stage: the stage's first step (step 5, batch 4) is the decay's
+// first step, its lr still optim.lr (progress 0), then linear to the floor at max_steps; b's tokens
+// start at the same step. Resumed from the step-4 checkpoint with a later max_steps and the stage
+// moved (continual pretraining): allowed, logged, meta.json says what moved, the steps where the old
+// run decayed run stable. Resumed from inside the decay with another move: exit 2, one line.
+// Checked to fail with the anneal stage's start off by one, and with the resume refusal removed.
+TEST(MixRunTest, AnnealStageStartsTheWsdDecayAndAResumeMovesIt) {
+  TempDir tmp;
+  const std::string data = test::shared_bytes_dataset(), run = tmp / "run", run2 = tmp / "run2";
+  const std::string two = "[{name: a, path: " + data + "}, {name: b, path: " + data + "}]";
+  auto args = [&](const std::string& dir, int64_t until, int64_t max_steps, std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"data.stages=[{until: " + std::to_string(until) + ", weights: {a: 1}}, {weights: {a: 1, "
+                                 "b: 1}, anneal: true}]", "schedule.kind=wsd", "schedule.warmup_steps=2",
+                                 "train.max_steps=" + std::to_string(max_steps), "log.every_steps=1",
+                                 "checkpoint.every_steps=4"});
+    return mix_args(dir, two, extra);
+  };
+  auto lr_by_step = [](const std::string& dir) {
+    std::map<int64_t, double> m;
+    for (auto& l : test::metrics_of_kind(dir + "/metrics.jsonl", "train")) {
+      auto j = nlohmann::json::parse(l);
+      m[j["step"].get<int64_t>()] = j["lr"].get<double>();
+    }
+    return m;
+  };
+  auto r = test::run_bin("trainer", args(run, 4, 8));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto meta = nlohmann::json::parse(test::read_text(run + "/meta.json"));
+  const double peak = meta["config"]["optim"]["lr"], floor = peak * meta["config"]["schedule"]["min_lr_ratio"].get<double>();
+  EXPECT_EQ(meta["schedule"]["decay_start"], 4) << meta["schedule"].dump();
+  EXPECT_EQ(meta["schedule"]["decay_end"], 8);
+  EXPECT_EQ(meta["data"]["mixture"]["stages"][1]["anneal"], true);
+  auto lr = lr_by_step(run);
+  ASSERT_EQ(lr.size(), 8u);
+  // record n: the lr of step n - 1 (0-based); p = (n - 1 - 4) / 4 in the decay
+  const std::map<int64_t, double> want = {{1, peak / 2}, {2, peak}, {3, peak}, {4, peak}, {5, peak},
+                                          {6, floor + (peak - floor) * 0.75}, {7, floor + (peak - floor) * 0.5},
+                                          {8, floor + (peak - floor) * 0.25}};
+  for (const auto& [step, v] : want) EXPECT_NEAR(lr[step], v, 1e-12 * peak) << "step " << step;
+  const auto m = tokens_by_step(run);
+  EXPECT_EQ(m.at(4).second, 0) << "stage 1: a alone";
+  EXPECT_GT(m.at(5).second, 0) << "the anneal stage's first step";
+
+  // Continual pretraining: from the stable step-4 checkpoint, a decay at steps 8-12.
+  r = test::run_bin("trainer", args(run2, 8, 12, {"checkpoint.resume=" + run + "/checkpoints/step_00000004"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("schedule: wsd's decay moved at resume from step 4: steps 4-8 -> 8-12"), std::string::npos) << r.out;
+  meta = nlohmann::json::parse(test::read_text(run2 + "/meta.json"));
+  EXPECT_EQ(meta["schedule"]["decay_start"], 8) << meta["schedule"].dump();
+  EXPECT_EQ(meta["schedule"]["decay_moved"],
+            nlohmann::json({{"resumed_at_step", 4}, {"was_decay_start", 4}, {"was_decay_end", 8}}));
+  lr = lr_by_step(run2);
+  for (int64_t step = 5; step <= 9; ++step) EXPECT_NEAR(lr[step], peak, 1e-12 * peak) << "step " << step;
+  EXPECT_NEAR(lr[11], floor + (peak - floor) * 0.5, 1e-12 * peak);
+  // From inside that decay (the step-12 checkpoint), moved again: refused, the lr would jump.
+  expect_one_line_exit_2(test::run_bin("trainer", args(run2, 12, 16)),
+                         "steps 8-12 -> 12-16, but step 12 is past the start of the old decay");
+}
+
 }  // namespace
 }  // namespace lm

@@ -13,7 +13,7 @@
 namespace lm {
 namespace {
 
-enum Stat { kLossSum, kTargets, kPad, kInputs, kWaitUs, kStop, kSave, kHash, kNumStats };
+enum Stat { kLossSum, kTargets, kPad, kInputs, kWaitUs, kStop, kSave, kHash, kZLossSum, kNumStats };
 
 int64_t double_bits(double d) {
   int64_t i;
@@ -31,7 +31,7 @@ double bits_double(int64_t i) {
 GlobalStats gather_step_stats(const RankStats& mine, Comm* comm, int world, int64_t step) {
   int64_t local[kNumStats] = {double_bits(mine.loss_sum), mine.targets, mine.pad, mine.inputs,
                               static_cast<int64_t>(mine.wait_ms * 1e3), mine.stop, mine.save,
-                              static_cast<int64_t>(mine.hash)};
+                              static_cast<int64_t>(mine.hash), double_bits(mine.z_loss_sum)};
   std::vector<int64_t> all(local, local + kNumStats);
   if (comm) {
     auto t = torch::from_blob(local, {kNumStats}, torch::kLong).clone();
@@ -39,11 +39,12 @@ GlobalStats gather_step_stats(const RankStats& mine, Comm* comm, int world, int6
     all.assign(g.data_ptr<int64_t>(), g.data_ptr<int64_t>() + g.numel());
   }
   GlobalStats out;
-  double loss_total = 0;
+  double loss_total = 0, z_total = 0;
   std::vector<uint64_t> hashes;
   for (int r = 0; r < world; ++r) {
     const int64_t* s = &all[static_cast<size_t>(r) * kNumStats];
     loss_total += bits_double(s[kLossSum]);
+    z_total += bits_double(s[kZLossSum]);
     out.targets += s[kTargets], out.pad += s[kPad], out.inputs += s[kInputs];
     out.wait_max_ms = std::max(out.wait_max_ms, s[kWaitUs] / 1e3);
     out.stop |= s[kStop] != 0;
@@ -51,6 +52,7 @@ GlobalStats gather_step_stats(const RankStats& mine, Comm* comm, int world, int6
   }
   out.save = all[kSave] != 0;  // rank 0 decides
   out.loss = loss_total / std::max<double>(1.0, static_cast<double>(out.targets));
+  out.z_loss = z_total / std::max<double>(1.0, static_cast<double>(out.targets));
   out.batch_hash = world == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
   return out;
 }

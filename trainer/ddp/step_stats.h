@@ -11,6 +11,7 @@ class Comm;
 
 struct RankStats {
   double loss_sum = 0;      // sum of per-token losses of this rank's micro-batches
+  double z_loss_sum = 0;    // sum of per-token z-loss terms (optim.z_loss; 0 without)
   int64_t targets = 0, pad = 0, inputs = 0;
   double wait_ms = 0;       // time this rank waited for data
   bool stop = false;        // a stop signal arrived here
@@ -21,6 +22,7 @@ struct RankStats {
 
 struct GlobalStats {
   double loss = 0;          // loss_sum over all ranks / targets (the step's mean loss)
+  double z_loss = 0;        // z_loss_sum likewise
   int64_t targets = 0, pad = 0, inputs = 0;
   double wait_max_ms = 0;   // the slowest rank's wait
   bool stop = false;        // any rank

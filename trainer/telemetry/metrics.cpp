@@ -49,7 +49,7 @@ uint64_t file_size_or_zero(const std::string& path) {
 }
 
 // Numeric fields worth a TensorBoard scalar, per record kind.
-const char* const kTrainScalars[] = {records::kLoss, records::kLr, records::kGradNorm, records::kTokensPerS, records::kTokensPerSRank, records::kStepMs,
+const char* const kTrainScalars[] = {records::kLoss, records::kZLoss, records::kLr, records::kGradNorm, records::kTokensPerS, records::kTokensPerSRank, records::kStepMs,
                                      records::kDataWaitPct, records::kMfuPct, records::kMemMb, records::kPaddingPct,
                                      records::kCpuStealPct};
 
@@ -241,6 +241,7 @@ void MetricsSink::console_line(const nlohmann::json& rec) {
                 (long long)rec.value(records::kStep, int64_t{0}), (long long)opt_.total_steps, num(records::kLoss), num(records::kLr),
                 num(records::kGradNorm), num(records::kTokensPerS), num(records::kStepMs), num(records::kDataWaitPct));
     if (rec.contains(records::kMfuPct) && rec[records::kMfuPct].is_number()) text += strf(" | MFU %.1f%%", num(records::kMfuPct));
+    if (rec.contains(records::kZLoss)) text += strf(" | z-loss %.4g", num(records::kZLoss));
     if (rec.contains(records::kPaddingPct)) text += strf(" | padding %.1f%%", num(records::kPaddingPct));
   } else if (kind == records::kVal) {
     text = strf("step %6lld | val loss %.4f", (long long)rec.value(records::kStep, int64_t{0}), num(records::kValLoss));

@@ -5,7 +5,7 @@
 // Every line of RUN_DIR/metrics.jsonl is one JSON object with "kind", "step" (optimizer steps done)
 // and "time" (unix seconds). The kinds and their fields:
 //   train       a logged window of log.every_steps steps: loss ... batch_hash (see kFields),
-//               source_tokens, source_tokens_total (per source, below)
+//               source_tokens, source_tokens_total (per source, below); z_loss with optim.z_loss > 0
 //   val         val_loss (and val_loss_ema with train.ema_decay)
 //   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s, ckpt_steal_ms
 //   resume      checkpoint, recovery_ms, load_ms
@@ -32,6 +32,7 @@ constexpr const char* kTime = "time";
 constexpr const char* kLoss = "loss";
 constexpr const char* kLr = "lr";
 constexpr const char* kGradNorm = "grad_norm";
+constexpr const char* kZLoss = "z_loss";
 constexpr const char* kTokensPerS = "tokens_per_s";
 constexpr const char* kTokensPerSRank = "tokens_per_s_rank";
 constexpr const char* kStepMs = "step_ms";
@@ -92,6 +93,8 @@ struct Field {
 };
 constexpr Field kFields[] = {
     {kLoss, kTrain, "nats/token", "mean training loss over the logged window; null when a step in it was non-finite"},
+    {kZLoss, kTrain, "nats/token", "optim.z_loss > 0: mean z-loss term per target token over the window, z_loss x "
+     "logsumexp(logits)^2, trained on beside the loss (not part of it); null when a step in it was non-finite"},
     {kLr, kTrain, "", "learning rate of the window's last step"},
     {kGradNorm, kTrain, "", "global gradient norm before clipping, last step of the window"},
     {kTokensPerS, kTrain, "tokens/s", "target tokens per second over all ranks (window wall time)"},

@@ -135,6 +135,7 @@ nlohmann::json describe_mixture(const DataConfig& c, const data::TrainData& data
     nlohmann::json w = nlohmann::json::object();
     for (const auto& [name, v] : st.weights) w[name] = v;
     stages.push_back({{"until", st.until_step}, {"until_tokens", st.until_tokens}, {"weights", w}});
+    if (st.anneal) stages.back()["anneal"] = true;
   }
   return {{"sources", src}, {"stages", stages}, {"data_version", data.version}};
 }
@@ -167,7 +168,8 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"numerics", numerics_info()},
           {"world_size", f.world_size},
           {"launch", f.launch},
-          {"model", {{"params", f.params}, {"flops_per_token", f.flops_per_token}}}};
+          {"model", {{"params", f.params}, {"flops_per_token", f.flops_per_token}}},
+          {"schedule", f.schedule}};
 }
 
 void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank) {

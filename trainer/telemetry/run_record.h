@@ -25,8 +25,9 @@ struct RunFacts {
   std::string launch;        // torchrun | slurm | single
   int64_t params = 0;
   double flops_per_token = 0;
+  nlohmann::json schedule;   // the learning-rate schedule (LrSchedule::record())
 };
-// meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model.
+// meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model, schedule.
 nlohmann::json describe_run(const RunFacts& f);
 // A mixture for meta.json: its sources (name, path, data_version, weight, max_epochs, train tokens)
 // and stages; null for the one-source data.train.

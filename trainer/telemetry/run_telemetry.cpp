@@ -47,7 +47,7 @@ void RunTelemetry::add_step(const TrainLog::Step& s) {
   ++steps_seen_;
   if (s.timed) ++eta_steps_, eta_s_ += s.seconds;
   if (rank_ == 0 && !eta_logged_) log_eta();
-  window_nonfinite_ |= !std::isfinite(s.loss);
+  window_nonfinite_ |= !std::isfinite(s.loss) || !std::isfinite(s.z_loss);
   if (resume_.step < 0) return;
   if (sink_)
     sink_->write({{records::kKind, records::kResume}, {records::kStep, resume_.step + 1},
@@ -61,7 +61,8 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   if (rank_ == 0 && peak_.measured) refresh_peak(f.step);  // between steps: neither a step's time nor telemetry's
   const auto t0 = clock::Steady::now();  // building the record counts as telemetry (record_ms_)
   const auto w = log_.close();
-  const double loss = window_nonfinite_ ? std::nan("") : w.loss;
+  const bool nonfinite = window_nonfinite_;
+  const double loss = nonfinite ? std::nan("") : w.loss;
   window_nonfinite_ = false;
   if (rank_ != 0) return;
   namespace r = records;
@@ -73,6 +74,7 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
   // (start() says which); unknown without one.
   rec[r::kMfuPct] = peak_.pct(w.flops_per_s);  // NaN (null) when unknown
+  if (cfg_.optim.z_loss > 0) rec[r::kZLoss] = nonfinite ? std::nan("") : w.z_loss;
   if (cfg_.data.bucketed()) rec[r::kPaddingPct] = w.padding_pct;
   rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
   source_tokens.close(rec);

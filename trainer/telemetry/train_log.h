@@ -13,6 +13,7 @@ class TrainLog : public Stateful {
   // One optimizer step, over all ranks.
   struct Step {
     double loss = 0;       // global mean loss (non-finite counts as 0 in the window)
+    double z_loss = 0;     // global mean z-loss term (optim.z_loss; 0 without), likewise
     double seconds = 0;    // wall time of the step
     double wait_ms = 0;    // the slowest rank's wait for data
     int64_t targets = 0, pad = 0, inputs = 0;
@@ -21,7 +22,7 @@ class TrainLog : public Stateful {
   };
   // The closed window's means.
   struct Window {
-    double loss = 0, tokens_per_s = 0, step_ms = 0, wait_ms = 0, wait_pct = 0, padding_pct = 0;
+    double loss = 0, z_loss = 0, tokens_per_s = 0, step_ms = 0, wait_ms = 0, wait_pct = 0, padding_pct = 0;
     double flops_per_s = 0;  // this rank's matmul FLOPs over the window's summed step time
   };
 
@@ -37,6 +38,7 @@ class TrainLog : public Stateful {
   void load_state(const ComponentState* st) override;
 
  private:
+  double z_loss_ = 0;  // window
   double loss_ = 0, time_ = 0, wait_ = 0, tokens_ = 0, pad_ = 0, inputs_ = 0, flops_ = 0;  // window
   int64_t steps_ = 0;
   double first_loss_ = -1, last_loss_ = 0, timed_tokens_ = 0, timed_s_ = 0;  // whole run
