@@ -2,7 +2,10 @@
 
 usage: python3 bench/gpu_summary.py RESULTS_DIR
 
-What it reads (each optional: a phase cut short by the time limit is simply absent):
+What it reads (each optional: a phase skipped or cut short for time is simply absent):
+  phases.tsv                each phase's status (ok, failed, skipped (time), cut (time)) and seconds
+  settings.json             STEPS: the timed steps of each A/B run (records after them, the profiled
+                            steps, are left out)
   <variant>_metrics.jsonl   the trainer's records of each A/B variant (all_on, all_off, no_<switch>,
                             residual, act_ckpt); the first window (start-up) is left out of every mean
   peer_eager.log, peer_compile.log   bench/peers/gpt_torch.py's JSON line
@@ -10,7 +13,8 @@ What it reads (each optional: a phase cut short by the time limit is simply abse
                             peer's --trace summary, one format)
   parity_{false,true}_metrics.jsonl  train.bf16_residual off / on, the same run otherwise
   smoke.json                the smoke phase's verdict
-What it writes: tokens/s, step time, MFU and peak memory per variant; each switch's worth (tokens/s
+  ckpt_dropout_{none,block}_metrics.jsonl  activation checkpointing block vs none with dropout
+What it writes: the phases (status and seconds; which were skipped for time, which failed); tokens/s, step time, MFU and peak memory per variant; each switch's worth (tokens/s
 with the switch on over tokens/s with it off, the others on); the default the numbers pick for
 each switch (on when it is worth at least 1%); every variant's and peer's ratio to the peer's
 torch.compile and eager tokens/s; the top 10 kernels side by side; the parity verdict.
@@ -55,8 +59,32 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def load_json(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return None
+
+
+SETTINGS = load_json(f"{R}/settings.json") or {}
+
+
+def phases():  # [(phase, status, seconds, note)] in the order they ran
+    try:
+        lines = open(f"{R}/phases.tsv").read().splitlines()[1:]
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        f = (line.split("\t") + ["", "", "", ""])[:4]
+        rows.append((f[0], f[1], int(f[2]) if f[2].isdigit() else None, f[3]))
+    return rows
+
+
 def variant(name):
     recs = train_records(f"{R}/{name}_metrics.jsonl")[1:]  # the first window holds start-up
+    if "steps" in SETTINGS:  # the steps profiled after the timed ones are no part of the means
+        recs = [x for x in recs if x["step"] <= SETTINGS["steps"]]
     if not recs:
         return None
     rnd = lambda v, n: None if v is None else round(v, n)
@@ -78,6 +106,13 @@ def top(path, n=10):
 
 
 out = {}
+ph = phases()
+if ph:
+    out["phases"] = [{"phase": p, "status": st, "s": sec, **({"note": n} if n else {})} for p, st, sec, n in ph]
+    out["skipped_for_time"] = [p for p, st, _, _ in ph if st in ("skipped (time)", "cut (time)")]
+    out["failed"] = [p for p, st, _, _ in ph if st == "failed"]
+    out["seconds_used"] = sum(sec or 0 for _, _, sec, _ in ph)
+out["settings"] = SETTINGS
 for v in VARIANTS:
     r = variant(v)
     if r:
@@ -131,4 +166,10 @@ if off and on:
                      "max_rel_dev_second_half": None if dev is None else round(dev, 4),
                      "same_curve": dev is not None and dev < 0.02 and len(ok) == len(steps)}
 out["smoke"] = last_json(f"{R}/smoke.json")
+ck_none = train_records(f"{R}/ckpt_dropout_none_metrics.jsonl")
+ck_block = train_records(f"{R}/ckpt_dropout_block_metrics.jsonl")
+if ck_none or ck_block:  # block must rerun each block's forward with the same dropout masks and kernels
+    loss = lambda recs: [x.get("loss") for x in recs]
+    out["ckpt_dropout"] = {"steps": [len(ck_none), len(ck_block)],
+                           "bit_identical": len(ck_none) == 10 and loss(ck_none) == loss(ck_block)}
 print(json.dumps(out, indent=1))

@@ -5,14 +5,30 @@
 # whole process (/usr/bin/time's maximum resident set: weights, gradients, moments, EMA, activations,
 # LibTorch's own), and the run's tokens/s (summary.json: the timed steps, all ranks' tokens). The
 # memory window is the whole process, start-up to exit, STEPS steps; ratios are against dist.zero 0
-# at the same world size.
-# usage: bench/zero.sh [--steps N]         (needs shards/kjv: run launch/kjv.sh first)
+# at the same world size. The six runs alternate over R rounds (default 3; dist.zero 0 then 1 at each
+# world size, the order flipped every other round) and every number is the median over the rounds
+# (tokens/s drifts with the machine's load; the memory barely moves), the rounds' tokens/s beside it.
+# usage: bench/zero.sh [--steps N] [--rounds R]   (needs shards/kjv: run launch/kjv.sh first, and
+#        /usr/bin/time: Debian package time, launch/deps.sh)
 #   env MODEL: trainer overrides for the model (default: the kjv data at d_model 512, 8 layers,
 #   ~27M weights, so the 216 MB of moments stand out of the process's own ~150 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=12
-[ "${1:-}" = "--steps" ] && STEPS=$2
+ROUNDS=3
+usage() { echo "usage: bench/zero.sh [--steps N] [--rounds R]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  [ $# -ge 2 ] || usage
+  case "$1" in
+    --steps) STEPS=$2 ;;
+    --rounds) ROUNDS=$2 ;;
+    *) usage ;;
+  esac
+  shift 2
+done
+[[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --steps must be a whole number >= 1, got '$STEPS'" >&2; exit 2; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --rounds must be a whole number >= 1, got '$ROUNDS'" >&2; exit 2; }
+[ -x /usr/bin/time ] || { echo "zero.sh: /usr/bin/time missing (Debian package time: bash launch/deps.sh)" >&2; exit 2; }
 [ -f shards/kjv/manifest.json ] || { echo "zero.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
 [ -x build/bin/trainer ] && [ -x build/bin/launch ] || bash launch/build.sh trainer launch >&2
 WORK=$(mktemp -d /tmp/lmzero.XXXXXX)
@@ -21,43 +37,61 @@ export OMP_NUM_THREADS=1
 read -r -a model <<< "${MODEL:-model.d_model=512 model.n_layer=8 model.n_head=8 model.seq_len=128}"
 args=(configs/kjv.yaml "${model[@]}" "train.max_steps=$STEPS" "train.micro_batch_size=4" "log.every_steps=$STEPS"
       "eval.batches=0" "checkpoint.every_steps=0" "train.threads=1" "log.tensorboard=false" "dist.backend=gloo")
-for world in 1 2 4; do
-  for zero in 0 1; do
-    name="w${world}_z${zero}"
-    mkdir -p "$WORK/$name"
-    # Each rank under /usr/bin/time: its peak RSS in rss.<rank>.
-    build/bin/launch --standalone --nproc-per-node "$world" --log-dir "$WORK/$name/logs" -- \
-      bash -c 'exec /usr/bin/time -f %M -o "$0/rss.$RANK" build/bin/trainer "$@"' "$WORK/$name" \
-      "${args[@]}" "dist.zero=$zero" "run.dir=$WORK/$name/run" > "$WORK/$name/out.log" 2>&1 ||
-      { tail -20 "$WORK/$name/out.log" >&2; echo "zero.sh: $name failed" >&2; exit 1; }
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+for r in $(seq "$ROUNDS"); do
+  zeros=(0 1)
+  [ $((r % 2)) = 0 ] && zeros=(1 0)
+  for world in 1 2 4; do
+    for zero in "${zeros[@]}"; do
+      name="w${world}_z${zero}_r$r"
+      echo "zero.sh: round $r/$ROUNDS, world $world, dist.zero=$zero" >&2
+      mkdir -p "$WORK/$name"
+      # Each rank under /usr/bin/time: its peak RSS in rss.<rank>.
+      build/bin/launch --standalone --nproc-per-node "$world" --log-dir "$WORK/$name/logs" -- \
+        bash -c 'exec /usr/bin/time -f %M -o "$0/rss.$RANK" build/bin/trainer "$@"' "$WORK/$name" \
+        "${args[@]}" "dist.zero=$zero" "run.dir=$WORK/$name/run" > "$WORK/$name/out.log" 2>&1 ||
+        { tail -20 "$WORK/$name/out.log" >&2; echo "zero.sh: $name failed" >&2; exit 1; }
+    done
   done
 done
-/usr/bin/python3 - "$WORK" "$STEPS" <<'PY'
-import glob, json, os, re, sys
-work, steps = sys.argv[1], int(sys.argv[2])
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+/usr/bin/python3 - "$WORK" "$STEPS" "$ROUNDS" "$load_before" "$load_after" <<'PY'
+import glob, json, os, re, statistics, sys
+work, steps, rounds, load_before, load_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+med = statistics.median
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 rows = {}
 for world in (1, 2, 4):
     for zero in (0, 1):
-        d = f"{work}/w{world}_z{zero}"
-        text = open(f"{d}/out.log", errors="replace").read()
-        # Every rank's start-up line names its optimizer state (the launcher prefixes [rankR]:).
-        state = [float(x) for x in re.findall(r"optimizer state ([0-9.]+) MB", text)]
-        rss = [int(open(f).read().split()[-1]) / 1024 for f in sorted(glob.glob(f"{d}/rss.*"))]
-        summ = json.load(open(f"{d}/run/summary.json"))
-        rows[(world, zero)] = {"world": world, "zero": zero, "optimizer_state_mb_per_rank": max(state) if state else None,
-                               "peak_rss_mb_per_rank_max": round(max(rss), 1), "peak_rss_mb_per_rank_min": round(min(rss), 1),
-                               "ranks_measured": len(rss), "last_loss": summ.get("last_loss"),
-                               "tokens_per_s": summ.get("tokens_per_s")}
-print(f"zero.sh: {steps} steps, one thread per rank; optimizer state from each rank's start-up line, peak RSS of each "
-      "rank's whole process (start-up to exit); ratios: dist.zero=1 over dist.zero=0 at the same world size")
+        state, rss_max, rss_min, toks, ranks, loss = [], [], [], [], [], []
+        for r in range(1, rounds + 1):
+            d = f"{work}/w{world}_z{zero}_r{r}"
+            text = open(f"{d}/out.log", errors="replace").read()
+            # Every rank's start-up line names its optimizer state (the launcher prefixes [rankR]:).
+            s = [float(x) for x in re.findall(r"optimizer state ([0-9.]+) MB", text)]
+            rss = [int(open(f).read().split()[-1]) / 1024 for f in sorted(glob.glob(f"{d}/rss.*"))]
+            summ = json.load(open(f"{d}/run/summary.json"))
+            state.append(max(s) if s else None)
+            rss_max.append(max(rss)); rss_min.append(min(rss)); ranks.append(len(rss))
+            toks.append(summ.get("tokens_per_s")); loss.append(summ.get("last_loss"))
+        rows[(world, zero)] = {"world": world, "zero": zero,
+                               "optimizer_state_mb_per_rank": None if None in state else med(state),
+                               "peak_rss_mb_per_rank_max": round(med(rss_max), 1),
+                               "peak_rss_mb_per_rank_min": round(med(rss_min), 1),
+                               "ranks_measured": min(ranks), "last_loss": loss[0], "last_loss_rounds_equal": len(set(loss)) == 1,
+                               "tokens_per_s": med(toks), "tokens_per_s_rounds": toks}
+print(f"zero.sh: {steps} steps, one thread per rank, {rounds} rounds alternated, medians; optimizer state from each "
+      "rank's start-up line, peak RSS of each rank's whole process (start-up to exit); ratios: dist.zero=1 over "
+      "dist.zero=0 at the same world size")
+print(f"machine: {cpu}, {os.cpu_count()} cores; load average {load_before} before, {load_after} after")
 print(f"{'world':>5} {'zero':>4} {'opt state MB/rank':>18} {'ratio':>6} {'peak RSS MB/rank':>17} {'ratio':>6} "
-      f"{'tokens/s':>9} {'ratio':>6}")
+      f"{'tokens/s':>9} {'ratio':>6}  tokens/s per round")
 for (world, zero), r in rows.items():
     base = rows[(world, 0)]
     so = r["optimizer_state_mb_per_rank"] / base["optimizer_state_mb_per_rank"]
     ro = r["peak_rss_mb_per_rank_max"] / base["peak_rss_mb_per_rank_max"]
     to = r["tokens_per_s"] / base["tokens_per_s"]
     print(f"{world:>5} {zero:>4} {r['optimizer_state_mb_per_rank']:>18.1f} {so:>6.3f} {r['peak_rss_mb_per_rank_max']:>17.1f} {ro:>6.3f} "
-          f"{r['tokens_per_s']:>9.0f} {to:>6.3f}")
+          f"{r['tokens_per_s']:>9.0f} {to:>6.3f}  {' '.join(f'{x:.0f}' for x in r['tokens_per_s_rounds'])}")
 print(json.dumps(list(rows.values())))
 PY

@@ -1,6 +1,7 @@
 // parallel_for: the one small thread pool for CPU work split into independent items (prep's
-// tokenizing rounds, the raw-text index build). Background threads: idle priority, a yield between
-// pieces of work, and optionally a pace (Pacer: the work spread over a given time).
+// tokenizing rounds, the raw-text index build). Background threads: idle priority until someone
+// waits for them, a yield between pieces of work, and optionally a pace (Pacer: the work spread
+// over a given time).
 #pragma once
 
 #include <pthread.h>
@@ -42,22 +43,78 @@ inline void parallel_for(size_t n, int threads, const std::function<void(size_t)
     if (e) std::rethrow_exception(e);
 }
 
-// A background thread (the async checkpoint writer) takes only CPU time the threads of training
-// leave: it runs at idle priority (SCHED_IDLE) and calls yield_if_background() between pieces of
-// its work (a piece: about a millisecond). Idle priority alone is not enough: OpenBLAS threads
-// waiting for their next GEMM spin on sched_yield(), each yield hands the CPU to the background
-// thread, and it would keep it until the next scheduler tick while the GEMM waits for its thread
-// (bench/ckpt_stall.sh, training on both of 2 cores, the save without its disk writes: 240, 225,
-// 269 ms of stall without the yields, 56, 52, 36 ms with them, builds alternated in one run).
-inline thread_local bool t_background = false;
+// Idle priority for work nobody waits for yet. The async checkpoint writer's staging copy and the
+// staging buffer's prefault take only CPU time the threads of training leave: their thread runs at
+// idle priority (SCHED_IDLE) and calls yield_if_background() between pieces of its work (a piece:
+// about a millisecond). Idle priority alone is not enough: OpenBLAS threads waiting for their
+// next GEMM spin on sched_yield(), each yield hands the CPU to the idle thread, and it would keep
+// it until the next scheduler tick while the GEMM waits for its thread (bench/ckpt_stall.sh,
+// training on both of 2 cores, the save without its disk writes: 240, 225, 269 ms of stall
+// without the yields, 56, 52, 36 ms with them, builds alternated in one run).
+//
+// No priority inversion: an idle thread gets almost no CPU while ordinary processes keep the
+// cores busy (other ranks, loader threads, a neighbour's job: weight 3 against 1024 each), so a
+// thread that waits for its work would wait for them all. Whoever waits raises it first (raise():
+// SCHED_OTHER, the process's nice) for the rest of its life; work with a deadline of its own
+// (the checkpoint's paced disk writes) is never left at idle priority at all, it keeps its pace by
+// sleeping (Pacer). Raising is done by the waiting thread on the idle thread's handle, not by a
+// flag the idle thread would check: a thread at idle priority may not run for a second to see it.
+// An unprivileged thread cannot leave SCHED_IDLE unless RLIMIT_NICE allows its nice value (20
+// minus the nice; the usual limit is 0; CAP_SYS_NICE lifts it), and no waiter could raise it:
+// there nothing is lowered (can_leave_idle_priority(), probed once) and the thread works at
+// normal priority, still yielding between pieces.
+//
+// Usage: the thread calls lower() first; a waiter calls raise(handle) before it blocks.
+class IdlePriority {
+ public:
+  // On the thread itself: idle priority, unless a raise() came first or the process could not
+  // raise it again. Returns whether it is at idle priority now.
+  bool lower();
+  // From any thread, `thread` being the one that called (or will call) lower(): normal priority
+  // from now on (also for a lower() still to come). 0 or the errno.
+  int raise(pthread_t thread);
+  bool raised() const { return raised_.load(); }
 
-// Makes the calling thread a background thread; 0, or the errno when the system refuses the
-// priority (the thread then still yields between pieces).
-inline int set_background_priority() {
-  t_background = true;
+ private:
+  std::atomic<bool> raised_{false};
+};
+
+// The IdlePriority of the calling thread's work, if any: yield_if_background() yields while it is
+// not raised.
+inline thread_local IdlePriority* t_background = nullptr;
+
+inline int set_policy(pthread_t thread, int policy) {
   sched_param p{};
   p.sched_priority = 0;
-  return pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+  return pthread_setschedparam(thread, policy, &p);
+}
+
+// Whether this process may move a thread from idle priority back to normal (see above). Probed
+// once, on a thread of its own.
+inline bool can_leave_idle_priority() {
+  static const bool can = [] {
+    bool ok = false;
+    std::thread t([&ok] { ok = set_policy(pthread_self(), SCHED_IDLE) == 0 && set_policy(pthread_self(), SCHED_OTHER) == 0; });
+    t.join();
+    return ok;
+  }();
+  return can;
+}
+
+inline bool IdlePriority::lower() {
+  if (raised_.load() || !can_leave_idle_priority()) return false;
+  if (set_policy(pthread_self(), SCHED_IDLE) != 0) return false;
+  // A raise() between the check above and the change: its own change may have come first.
+  if (raised_.load()) {
+    set_policy(pthread_self(), SCHED_OTHER);
+    return false;
+  }
+  return true;
+}
+
+inline int IdlePriority::raise(pthread_t thread) {
+  raised_.store(true);  // before the change: a lower() after it sees the flag (lower() above)
+  return set_policy(thread, SCHED_OTHER);
 }
 
 // Spreads a background thread's work over a target time instead of doing it as fast as possible
@@ -123,7 +180,7 @@ inline thread_local Pacer* t_pacer = nullptr;
 
 inline void yield_if_background() {
   if (t_pacer) t_pacer->piece_done();
-  if (t_background) sched_yield();
+  if (t_background && !t_background->raised()) sched_yield();
 }
 
 }  // namespace lm

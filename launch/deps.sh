@@ -12,7 +12,7 @@ PKGS=(
   libzstd-dev libcurl4-openssl-dev
   bible-kjv
 )
-# What only the tests need (the default): GoogleTest, the Python peer, servers, fuzzers.
+# What only the tests and benchmarks need (the default): GoogleTest, the Python peer, servers, fuzzers.
 if [ "${1:-}" != job ]; then
   PKGS+=(
     googletest libgtest-dev libgmock-dev python3-torch
@@ -20,6 +20,7 @@ if [ "${1:-}" != job ]; then
     nginx-light curl  # remote dataset tests (nginx; s3rver: npm_deps.sh)
     clang-14 libclang-rt-14-dev  # fuzzers (launch/fuzz.sh)
     ccache debootstrap  # the compiler cache of the test builds; the LibTorch 2.6 environment (launch/torch2.sh)
+    time  # /usr/bin/time: the peak RSS that bench/zero.sh and bench/act_ckpt.sh report
   )
 fi
 missing=()

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Run ON the GPU machine (no network): builds the project against the pip LibTorch 2.x with CUDA.
-# Unpacks the Debian packages carried in .deps/ (launch/gpu-deps.sh) into a prefix, points CMake at
+# Unpacks the Debian packages carried in .deps/gpu/ (launch/gpu-deps.sh) into a prefix, points CMake at
 # python's torch, at the prefix and at the nccl.h of the NCCL torch was built with, and builds with
 # ninja into build-gpu/. Debian's fmt 9 (for spdlog) goes ahead of torch's fmt 12 for the project's
 # own targets (LM_DEPS_INCLUDE).
-# Environment: DEPS (prefix, /opt/deps), BUILD_DIR (build-gpu), TARGETS (ninja targets; all when
+# Environment: DEBS (the packages, .deps/gpu), DEPS (prefix, /opt/deps), BUILD_DIR (build-gpu), TARGETS (ninja targets; all when
 # empty), LM_BUILD_TESTS (ON|OFF, ON), NINJA_JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=${DEPS:-/opt/deps}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 mkdir -p "$DEPS"
-for f in .deps/*.deb; do dpkg -x "$f" "$DEPS"; done
+DEBS=${DEBS:-.deps/gpu}
+compgen -G "$DEBS/*.deb" >/dev/null || { echo "no packages in $DEBS: run launch/gpu-deps.sh here first and carry $DEBS" >&2; exit 1; }
+for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DEPS"; done
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # pip's nvidia-nccl wheel keeps nccl.h in site-packages/nvidia/nccl/include (a namespace package:
 # no __file__), where torch's CMake config does not look.

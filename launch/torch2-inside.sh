@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Runs INSIDE the LibTorch 2.6 environment that launch/torch2.sh keeps (the repository at /src).
-#   torch2-inside.sh cpu [CTEST ARGS...]   configure + build every target against LibTorch 2.6 (CPU),
+# Runs INSIDE the environment that launch/torch2.sh keeps (the repository at /src); LM_TORCH_ENV says
+# which: trixie (LibTorch 2.6, the default; builds in build-torch2/) or sid (LibTorch 2.14, build-torch214/).
+#   torch2-inside.sh cpu [CTEST ARGS...]   configure + build every target against the LibTorch (CPU),
 #                                          then the whole ctest
-#   torch2-inside.sh cuda                  configure + build every target against LibTorch 2.6 + CUDA
-#                                          (the pieces unpacked at /opt/cuda), LM_CUDA=ON
-#   torch2-inside.sh build [TARGETS...]    the CPU build alone (BUILD_DIR, default build-torch2)
+#   torch2-inside.sh cuda                  (trixie) configure + build every target against LibTorch 2.6 +
+#                                          CUDA (the pieces unpacked at /opt/cuda), LM_CUDA=ON
+#   torch2-inside.sh build [TARGETS...]    the CPU build alone (BUILD_DIR, default the suite's)
 # Both builds treat every compiler warning as an error (LM_WERROR) and use ccache.
 set -euo pipefail
 cd /src
 MODE=$1; shift
 JOBS=${NINJA_JOBS:-$(nproc)}
+case "${LM_TORCH_ENV:-trixie}" in
+  sid) NAME=torch214 ;;
+  *)   NAME=torch2 ;;
+esac
+CPU_DIR=build-$NAME
 export CCACHE_BASEDIR=/src
 ccache_stats() { ccache --print-stats 2>/dev/null | awk -F'\t' '$1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} $1=="cache_miss"{m=$2} END{printf "ccache: %d hits, %d misses\n", h, m}'; }
 configure_cpu() {
@@ -19,21 +25,26 @@ configure_cpu() {
 }
 case "$MODE" in
   build)
-    dir=${BUILD_DIR:-build-torch2}
+    dir=${BUILD_DIR:-$CPU_DIR}
     configure_cpu "$dir"
     ninja -C "$dir" -k 0 -j "$JOBS" "$@"
     ;;
   cpu)
-    dir=build-torch2
+    dir=$CPU_DIR
     configure_cpu "$dir"
     t0=$(date +%s)
     ccache -z >/dev/null
     ninja -C "$dir" -k 0 -j "$JOBS"
-    echo "torch2: LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev) CPU build: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
+    echo "$NAME: LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev) CPU build: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
     cd "$dir"
-    ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"
+    t0=$(date +%s)
+    rc=0
+    ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@" || rc=$?
+    echo "$NAME: ctest: $(( $(date +%s) - t0 )) s"
+    exit "$rc"
     ;;
   cuda)
+    [ "$NAME" = torch2 ] || { echo "torch2-inside.sh: the cuda build is trixie's (LibTorch 2.6 + CUDA)" >&2; exit 2; }
     dir=build-cuda
     P=/opt/cuda
     [ -f "$P/.lmtrain-packages" ] || { echo "torch2: the CUDA pieces are not unpacked at $P" >&2; exit 1; }

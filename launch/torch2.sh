@@ -1,38 +1,50 @@
 #!/usr/bin/env bash
-# The project against LibTorch 2.6, on this Debian bookworm machine, without a GPU: Debian 13
-# (trixie) ships LibTorch 2.6 twice, a CPU build (`libtorch-dev`) and a CUDA 12.4 + cuDNN + NCCL
-# build (`libtorch-cuda-dev`, contrib), with nvcc 12.4 and NCCL in non-free. This script keeps a
-# trixie environment (debootstrap, made once and reused) and runs the project's build in it.
+# The project against newer LibTorch versions, on this Debian bookworm machine, without a GPU. One
+# script, two Debian environments (debootstrap, each made once and reused), chosen by LM_TORCH_ENV:
+#   trixie (default)  Debian 13 ships LibTorch 2.6 twice, a CPU build (`libtorch-dev`) and a CUDA 12.4 +
+#                     cuDNN + NCCL build (`libtorch-cuda-dev`, contrib), with nvcc 12.4 and NCCL in non-free
+#   sid               Debian unstable: LibTorch 2.14 (CPU, gloo included; C++20), python3-torch 2.14 on
+#                     Python 3.14, g++ 16; no CUDA build (contrib's is still 2.6), so no `cuda` mode
 #
-#   bash launch/torch2.sh [cpu] [CTEST ARGS...]   build every target against LibTorch 2.6 (CPU), run the
-#                                                 whole ctest there (extra arguments go to ctest)
-#   bash launch/torch2.sh cuda                    build every target against LibTorch 2.6 + CUDA 12.4 + NCCL
-#                                                 (LM_CUDA=ON, compiled and linked; nothing to run here)
-#   bash launch/torch2.sh peer [ARGS...]          bench/cpu_vs_peer.sh in the environment: the trainer on
-#                                                 2.6 against python3-torch 2.6 eager and torch.compile
+#   bash launch/torch2.sh [cpu] [CTEST ARGS...]   build every target against the suite's LibTorch (CPU), run
+#                                                 the whole ctest there (extra arguments go to ctest)
+#   bash launch/torch2.sh cuda                    (trixie) build every target against LibTorch 2.6 + CUDA 12.4
+#                                                 + NCCL (LM_CUDA=ON, compiled and linked; nothing to run here)
+#   bash launch/torch2.sh peer [ARGS...]          bench/cpu_vs_peer.sh in the environment: the trainer against
+#                                                 the suite's python3-torch eager and torch.compile
 #   bash launch/torch2.sh shell [COMMAND...]      a shell (or COMMAND) in the environment, at the repository
-#   bash launch/torch2.sh prepare                 only make (or check) the environment and the CUDA pieces:
-#                                                 downloads and unpacking, little CPU (the test command runs
-#                                                 it alongside the LibTorch 1.13 build)
+#   bash launch/torch2.sh prepare                 only make (or check) the environment (and for trixie the CUDA
+#                                                 pieces): downloads and unpacking, little CPU (the test command
+#                                                 runs it alongside the LibTorch 1.13 build)
+#   LM_TORCH_ENV=sid bash launch/torch2.sh prepare|cpu|peer|shell   the same against LibTorch 2.14
 #
-# Where things live (LM_TORCH2_DIR, default /var/cache/lmtrain/torch2; about 11 GB with the CUDA pieces):
-#   root/        the trixie environment: LibTorch 2.6 CPU and everything the build and tests need
-#   cuda-debs/   the CUDA packages, downloaded once (apt-get download inside root/)
-#   cuda/        those packages unpacked with dpkg-deb -x (never installed: libtorch-cuda-2.6
+# Where things live (one directory per suite):
+#   trixie: LM_TORCH2_DIR, default /var/cache/lmtrain/torch2 (about 11 GB with the CUDA pieces);
+#           builds go to build-torch2/ and build-cuda/ in the repository (gitignored)
+#   sid:    LM_TORCH214_DIR, default /var/cache/lmtrain/sid (about 4 GB); the build goes to build-torch214/
+# and in it:
+#   root/        the Debian environment: LibTorch (CPU) and everything the build and tests need
+#   cuda-debs/   (trixie) the CUDA packages, downloaded once (apt-get download inside root/)
+#   cuda/        (trixie) those packages unpacked with dpkg-deb -x (never installed: libtorch-cuda-2.6
 #                depends on nvidia-cudnn, whose installer downloads from the vendor)
-#   ccache/      the compiler cache both builds share, so that a clean clone rebuilds in minutes
+#   ccache/      the compiler cache the suite's builds share, so that a clean clone rebuilds in minutes
 # The repository is bind-mounted at /src inside the environment (in a private mount namespace that
-# ends with the script); builds go to build-torch2/ and build-cuda/ in the repository (gitignored).
+# ends with the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 MODE=${1:-cpu}
 case "$MODE" in cpu|cuda|peer|shell|prepare) [ $# -eq 0 ] || shift ;; *) MODE=cpu ;; esac
-TOP=${LM_TORCH2_DIR:-/var/cache/lmtrain/torch2}
+ENV_NAME=${LM_TORCH_ENV:-trixie}
+case "$ENV_NAME" in
+  trixie) SUITE=trixie; TOP=${LM_TORCH2_DIR:-/var/cache/lmtrain/torch2}; NAME=torch2 ;;
+  sid)    SUITE=sid;    TOP=${LM_TORCH214_DIR:-/var/cache/lmtrain/sid};  NAME=torch214 ;;
+  *) echo "torch2: LM_TORCH_ENV must be trixie or sid, not '$ENV_NAME'" >&2; exit 2 ;;
+esac
 ROOT=$TOP/root
-SUITE=trixie
-say() { echo "torch2: $*"; }
-die() { echo "torch2: $*" >&2; exit 1; }
+say() { echo "$NAME: $*"; }
+die() { echo "$NAME: $*" >&2; exit 1; }
+[ "$SUITE" = trixie ] || [ "$MODE" != cuda ] || die "no cuda mode for $SUITE (LibTorch's CUDA build there is still 2.6: use trixie)"
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and bind mounts)"
 
 # What the environment holds. The same list as launch/deps.sh, with trixie's names (clang and its
@@ -45,6 +57,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git ccache g++-13
       libisal-dev libzstd-dev libcurl4-openssl-dev bible-kjv
       googletest libgtest-dev libgmock-dev python3-torch python3-numpy python3-setuptools python3-dev zstd nginx curl nodejs
       mount util-linux bsdutils procps jq)
+# sid: the same without g++-13 (the CUDA host compiler, trixie only), plus libabsl-dev (sid's
+# sentencepiece headers include absl's). python3-torch is 2.14 there (Python 3.14).
+[ "$SUITE" = trixie ] || PKGS=(libabsl-dev $(printf '%s\n' "${PKGS[@]}" | grep -vx 'g++-13'))
 # The CUDA build's pieces (unpacked, not installed). cuDNN is not among them: it is linked from
 # libtorch_cuda.so only, so the project links with --allow-shlib-undefined.
 CUDA_PKGS=(libtorch-cuda-dev libtorch-cuda-2.6 nvidia-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
@@ -77,7 +92,8 @@ inside() {
     cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
     exec chroot "$R" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CI="${CI:-}" \
-      CCACHE_DIR=/var/cache/ccache "$@"' _ "$ROOT" "$REPO" "$@"
+      CCACHE_DIR=/var/cache/ccache LM_TORCH_ENV="$LM_TORCH_ENV" NINJA_JOBS="${NINJA_JOBS:-}" \
+      CTEST_JOBS="${CTEST_JOBS:-}" "$@"' _ "$ROOT" "$REPO" "$@"
 }
 
 make_root() {
@@ -90,6 +106,11 @@ make_root() {
       { tail -5 "$TOP/debootstrap.log" >&2; die "debootstrap failed (log: $TOP/debootstrap.log)"; }
     rm -rf "$ROOT"; mv "$ROOT.tmp" "$ROOT"
     touch "$ROOT/.lmtrain-bootstrapped"
+    say "debootstrap took $(( $(date +%s) - t0 )) s"
+  fi
+  # sid's Release file on the mirror can be weeks old (Valid-Until passed): apt then refuses it.
+  if [ "$SUITE" = sid ] && [ ! -f "$ROOT/etc/apt/apt.conf.d/99lmtrain" ]; then
+    echo 'Acquire::Check-Valid-Until "false";' > "$ROOT/etc/apt/apt.conf.d/99lmtrain"
   fi
   if [ ! -f "$ROOT/etc/apt/sources.list.d/lmtrain.sources" ]; then
     rm -f "$ROOT/etc/apt/sources.list"
@@ -100,12 +121,13 @@ make_root() {
   fi
   local want; want="${PKGS[*]}"
   if [ "$(cat "$ROOT/.lmtrain-packages" 2>/dev/null)" != "$want" ]; then
-    say "installing ${#PKGS[@]} packages into the environment (LibTorch 2.6 and the build's dependencies)"
+    say "installing ${#PKGS[@]} packages into the $SUITE environment (LibTorch and the build's dependencies)"
     inside /bin/bash -c 'export DEBIAN_FRONTEND=noninteractive
       apt-get install -y -q --no-install-recommends "$@" >/var/log/lmtrain-install.log 2>&1 ||
         { apt-get update -q && apt-get install -y -q --no-install-recommends "$@"; }
       apt-get clean' _ "${PKGS[@]}" || die "installing into the environment failed (log: $ROOT/var/log/lmtrain-install.log)"
     echo "$want" > "$ROOT/.lmtrain-packages"
+    say "environment ready after $(( $(date +%s) - t0 )) s"
   fi
   mkdir -p "$TOP/ccache"
   [ -f "$TOP/ccache/ccache.conf" ] || cat > "$TOP/ccache/ccache.conf" <<'EOF'
@@ -150,17 +172,18 @@ exec 9>"$TOP/.lock"
 flock 9  # one user of the environment at a time (two CI runs on one machine wait for each other)
 t0=$(date +%s)
 make_root
+export LM_TORCH_ENV=$ENV_NAME
 case "$MODE" in
   prepare)
-    make_cuda ;;
+    [ "$SUITE" != trixie ] || make_cuda ;;
   cpu)
     inside /bin/bash /src/launch/torch2-inside.sh cpu "$@" ;;
   cuda)
     make_cuda
     inside /bin/bash /src/launch/torch2-inside.sh cuda "$@" ;;
   peer)
-    inside /bin/bash -c 'cd /src && BUILD_DIR=build-torch2 bash launch/torch2-inside.sh build trainer prep &&
-                         BUILD_DIR=build-torch2 PYTHON=/usr/bin/python3 bash bench/cpu_vs_peer.sh "$@"' _ "$@" ;;
+    inside /bin/bash -c 'cd /src && B=build-$0 && BUILD_DIR=$B bash launch/torch2-inside.sh build trainer prep &&
+                         BUILD_DIR=$B PYTHON=/usr/bin/python3 bash bench/cpu_vs_peer.sh "$@"' "$NAME" "$@" ;;
   shell)
     if [ $# -eq 0 ]; then inside /bin/bash -c 'cd /src && exec bash -i'
     else inside /bin/bash -c 'cd /src && "$@"' _ "$@"; fi ;;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 
 #define LM_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -234,6 +236,17 @@ inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
   return false;
 #endif
 }
+
+// Autograd's owning pointer to a graph node (torch::autograd::Node): std::shared_ptr<Node> up to 2.13,
+// c10::intrusive_ptr<Node> from 2.14 (PyTorch PR #181782; Tensor::grad_fn() and Edge::function too).
+// Deduced from grad_accumulator's return type, so no version number is guessed; both have get(),
+// operator-> and operator bool. Node must be complete where one is destroyed (intrusive_ptr):
+// include <torch/csrc/autograd/function.h> there.
+using AutogradNodePtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
+// The AccumulateGrad node of leaf tensor `t` (made on first use; null for a non-leaf or a tensor
+// that does not require grad), kept alive by the caller for as long as hooks on it must fire.
+inline AutogradNodePtr grad_accumulator(const torch::Tensor& t) { return torch::autograd::impl::grad_accumulator(t); }
 
 // The global L2 norm of a list of tensors as a 0-dim tensor (no host sync): at::_foreach_norm (a
 // multi-tensor kernel on CUDA; 1.13 has it too, per tensor on the CPU), then the norm of the norms.

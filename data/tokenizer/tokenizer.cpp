@@ -19,6 +19,26 @@ namespace {
 
 namespace sp = sentencepiece;
 
+// sentencepiece's status type and its codes: sentencepiece::util's own up to 0.2.0 (Debian bookworm,
+// trixie), Abseil's in 0.2.2 (Debian sid; LM_SENTENCEPIECE_ABSL, a feature test in CMakeLists.txt),
+// whose inputs are absl::Span (the std::vector overloads are deprecated there). Either status's
+// message() (const char* or string_view) makes a std::string.
+#ifdef LM_SENTENCEPIECE_ABSL
+using SpStatus = absl::Status;
+using SpCode = absl::StatusCode;
+template <class T>
+absl::Span<const T> sp_input(const std::vector<T>& v) {
+  return absl::MakeConstSpan(v);
+}
+#else
+using SpStatus = sp::util::Status;
+using SpCode = sp::util::StatusCode;
+template <class T>
+const std::vector<T>& sp_input(const std::vector<T>& v) {
+  return v;
+}
+#endif
+
 // "./src/x.cc(580) [expr] Message." -> "Message."
 std::string strip_check_prefix(const std::string& msg) {
   auto at = msg.find("] ");
@@ -56,7 +76,7 @@ class SentencePieceTokenizer : public Tokenizer {
   SentencePieceTokenizer(const std::string& serialized, const std::string& origin) {
     auto st = sp_.LoadFromSerializedProto(serialized);
     if (!st.ok()) {
-      const std::string why = strip_check_prefix(st.message());
+      const std::string why = strip_check_prefix(std::string(st.message()));
       throw DataError(origin + ": not a sentencepiece model" + (why.empty() ? "" : " (" + why + ")"));
     }
     if (sp_.eos_id() < 0) throw DataError(origin + ": sentencepiece model has no EOS piece");
@@ -71,7 +91,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<uint32_t> encode(const std::string& text) const override {
     std::vector<int> ids;
     auto st = sp_.Encode(text, &ids);
-    if (!st.ok()) throw Error(std::string("sentencepiece encode failed: ") + st.message());
+    if (!st.ok()) throw Error("sentencepiece encode failed: " + std::string(st.message()));
     return std::vector<uint32_t>(ids.begin(), ids.end());
   }
   std::string decode(const std::vector<uint32_t>& ids) const override {
@@ -80,8 +100,8 @@ class SentencePieceTokenizer : public Tokenizer {
     for (uint32_t id : ids)
       if (id < info_.vocab_size && !sp_.IsControl(static_cast<int>(id))) keep.push_back(static_cast<int>(id));
     std::string out;
-    auto st = sp_.Decode(keep, &out);
-    if (!st.ok()) throw Error(std::string("sentencepiece decode failed: ") + st.message());
+    auto st = sp_.Decode(sp_input(keep), &out);
+    if (!st.ok()) throw Error("sentencepiece decode failed: " + std::string(st.message()));
     return out;
   }
   const TokenizerInfo& info() const override { return info_; }
@@ -106,8 +126,8 @@ class DocIterator : public sp::SentenceIterator {
     }
   }
   const std::string& value() const override { return doc_; }
-  sp::util::Status status() const override {
-    return error_ ? sp::util::Status(sp::util::StatusCode::kAborted, "document source failed") : sp::util::Status();
+  SpStatus status() const override {
+    return error_ ? SpStatus(SpCode::kAborted, "document source failed") : SpStatus();
   }
   std::exception_ptr error() const { return error_; }
 
@@ -171,7 +191,7 @@ std::string train_sentencepiece(const SpTrainOptions& opt, const std::function<b
   if (!st.ok())
     throw DataError(strf("--vocab-size %llu: sentencepiece %s training failed: %s",
                          static_cast<unsigned long long>(opt.vocab_size), opt.type.c_str(),
-                         strip_check_prefix(st.message()).c_str()));
+                         strip_check_prefix(std::string(st.message())).c_str()));
   return model;
 }
 

@@ -18,7 +18,6 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
-#include "common/parallel.h"
 #include "tests/testutil.h"
 
 namespace lm {
@@ -192,25 +191,6 @@ TEST(TestUtil, ReadingAMissingFileThrowsNamingIt) {
 
 }  // namespace
 }  // namespace lm
-
-// The async checkpoint writer's priority (common/parallel.h): idle, for its own thread only, and
-// the flag that makes its pieces of work yield.
-TEST(Files, BackgroundPriorityIsIdleAndOnlyForItsThread) {
-  const int before = sched_getscheduler(0);
-  int policy = -1, err = -1;
-  bool flag = false;
-  std::thread t([&] {
-    err = lm::set_background_priority();
-    policy = sched_getscheduler(0);
-    flag = lm::t_background;
-  });
-  t.join();
-  ASSERT_EQ(err, 0) << strerror(err);
-  EXPECT_EQ(policy, SCHED_IDLE);
-  EXPECT_TRUE(flag);
-  EXPECT_FALSE(lm::t_background);  // this thread is not a background thread
-  EXPECT_EQ(sched_getscheduler(0), before);
-}
 
 // The hypervisor's steal (common/clock.h): the 8th number of /proc/stat's "cpu" line, in seconds;
 // -1 when the line or the column is missing; the meter's share is a percentage of every CPU's time.

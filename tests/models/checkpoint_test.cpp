@@ -174,9 +174,9 @@ TEST(ActivationCheckpointing, AccumulateGradHooksFireOncePerParameter) {
     const auto params = m->named_parameters();
     std::vector<int> fired(params.size(), 0);
     int without_grad = 0;
-    std::vector<std::shared_ptr<torch::autograd::Node>> accs;  // kept alive, as GradSync does
+    std::vector<compat::AutogradNodePtr> accs;  // kept alive, as GradSync does
     for (size_t i = 0; i < params.size(); ++i) {
-      accs.push_back(torch::autograd::impl::grad_accumulator(params[i].value()));
+      accs.push_back(compat::grad_accumulator(params[i].value()));
       accs.back()->add_post_hook(std::make_unique<AcCountHook>(params[i].value(), &fired[i], &without_grad));
     }
     auto idx = torch::randint(0, 64, {2, c.seq_len}, torch::kLong);

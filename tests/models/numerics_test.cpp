@@ -126,10 +126,28 @@ TEST(FusedHeadLoss, AllIgnoredIsZeroWithZeroGradients) {
   EXPECT_EQ(r.dw.abs().max().item<float>(), 0.0f);
 }
 
+// The standard deviation, relative to `loss`, of the error that rounding the logits h w^T to bf16
+// gives the summed cross-entropy: each logit z is rounded to 8 significant bits, an error uniform
+// within half an ulp (2^(floor(log2 |z|) - 7)), variance ulp^2 / 12, independent from logit to
+// logit, which moves its row's loss by (p_j - [j = t]) times itself. Computed from the float64
+// logits (of the bf16 inputs: their own rounding is in the reference too).
+double bf16_logit_sigma(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& t, double loss) {
+  const auto valid = t.ne(-1);
+  const auto z = torch::mm(h.to(torch::kDouble), w.to(torch::kDouble).t()).index({valid});
+  const auto tv = t.index({valid}).unsqueeze(1);
+  auto c = torch::softmax(z, 1);
+  c.scatter_add_(1, tv, torch::full({tv.size(0), 1}, -1.0, c.options()));
+  const auto ulp = torch::exp2(torch::floor(torch::log2(z.abs())) - 7);
+  return std::sqrt((c.pow(2) * ulp.pow(2) / 12).sum().item<double>()) / loss;
+}
+
 // bf16 (LibTorch >= 2.4: the fp32 inputs under CPU autocast, as the trainer runs it; 1.13: bf16
-// inputs without autocast): within 2e-3 of float64 for the loss and 2e-2 for the gradients (max-abs
-// norm), the reference computed from the bf16-rounded inputs. Logits of std ~2.5 (a trained LM's
-// scale), some rows confident.
+// inputs without autocast) against float64, the reference computed from the bf16-rounded inputs.
+// Logits of std ~2.5 (a trained LM's scale), some rows confident. The loss: what the bf16 logits
+// give (the fp32 sums of C = 32 products inside the matmul add ~1e-7), six standard deviations
+// (bf16_logit_sigma; every rounding the same way, the worst case, is never seen). The gradients
+// (max-abs norm): each is rounded to bf16 once at the end (2^-9 of the largest, 2e-3) after a
+// matmul of bf16-rounded dlogits (about as much again): 8e-3, twice that sum.
 TEST(FusedHeadLoss, Bf16WithinTolerance) {
   auto k = nt_case(128, 32, 203, 10.0, 4);
   k.h.slice(0, 0, 16).mul_(2);  // confident rows (the even ones are on their argmax)
@@ -150,9 +168,11 @@ TEST(FusedHeadLoss, Bf16WithinTolerance) {
   EXPECT_EQ(fused.dw.scalar_type(), grad_dtype);
   const double want = ref.loss.item<double>();
   auto loss_err = [&](const NtResult& r) { return std::abs(r.loss.item<double>() - want) / want; };
-  EXPECT_LT(loss_err(fused), 2e-3);
-  EXPECT_LT(nt_rel_err(fused.dh, ref.dh), 2e-2);
-  EXPECT_LT(nt_rel_err(fused.dw, ref.dw), 2e-2);
+  const double sigma = bf16_logit_sigma(hb, wb, k.t, want);
+  EXPECT_LT(loss_err(fused), 6 * sigma);
+  EXPECT_LT(nt_rel_err(fused.dh, ref.dh), 8e-3);
+  EXPECT_LT(nt_rel_err(fused.dw, ref.dw), 8e-3);
+  std::cerr << "bf16 logits' rounding: sigma " << sigma << " of the loss\n";
   std::cerr << "bf16 relative errors, fused: loss " << loss_err(fused) << ", dh " << nt_rel_err(fused.dh, ref.dh)
             << ", dw " << nt_rel_err(fused.dw, ref.dw) << "; plain: loss " << loss_err(plain) << ", dh "
             << nt_rel_err(plain.dh, ref.dh) << ", dw " << nt_rel_err(plain.dw, ref.dw) << "\n";

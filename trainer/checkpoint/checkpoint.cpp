@@ -141,22 +141,25 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
   }
 }
 
-// The calling thread takes only CPU time training leaves (common/parallel.h; a warning once where
-// the system refuses idle priority). The async writer's copies, checksums and writes then come
-// out of the CPU time training leaves unused, not out of its steps.
-void set_idle_priority() {
-  if (int e = set_background_priority(); e != 0) {
-    static std::once_flag once;
-    std::call_once(once, [e] { log::warn("checkpoint writer: cannot lower its priority: " + std::string(strerror(e))); });
-  }
-}
-
 }  // namespace
 
 // The save in flight: the writer thread, the staging copies it makes first, and its outcome.
 // The copies are claimed by the writer thread (at idle priority, so it only takes CPU time
 // training leaves free) and by the training thread's wait_snapshot(), so whatever is not copied
 // by the next update is copied by the thread that waits for it.
+//
+// The writer's priority (common/parallel.h, IdlePriority): idle for the copy only, the one part of
+// its work whose waiter does the work itself. Whoever waits for the writer raises it to normal
+// priority first: wait_snapshot() (the chunks the writer claimed), wait() (a due save while the
+// previous one is in flight, the end of the run, a signal's stop, the destructor). The writes run
+// at normal priority from their start: they have a deadline (the next save; with write_pace, their
+// pace) and keep their pace by sleeping, not by waiting for idle CPU. At idle priority beside two
+// ordinary busy processes (other ranks, loader threads, a neighbour's job) a save paced over 5 s
+// of a 10 s interval took 32.8 s and never slept (issue 39): a save that takes three intervals widens what a
+// crash loses and makes the next save wait for it. What this costs training where it has the
+// cores to itself: the writes' own CPU time (the checksum, about 0.1 ms a MB, and the writes'
+// system time), spread over the pace in pieces of a millisecond or so, instead of only the idle
+// time between its threads' work (bench/async_busy.sh compares async and sync on a busy machine).
 struct Checkpointer::InFlight {
   std::thread thread;
   std::vector<torch::Tensor> keep;  // the copies' sources and the staging buffer
@@ -165,6 +168,7 @@ struct Checkpointer::InFlight {
   SaveReport report;
   double fence_s = 0;               // time wait_snapshot() waited for (or made) the copies
   Pacer pacer;                      // the writes' pace (hurried by wait())
+  IdlePriority priority;            // the writer's (raised by whoever waits for it)
   clock::StealMeter steal;          // the hypervisor's steal from save() on
 };
 
@@ -196,6 +200,7 @@ void Checkpointer::wait() {
   if (!inflight_) return;
   const auto t0 = Clock::now();
   inflight_->pacer.hurry();  // someone waits: the rest at full speed, as unpaced
+  inflight_->priority.raise(inflight_->thread.native_handle());  // and at normal priority
   inflight_->thread.join();
   close_inflight(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
 }
@@ -204,6 +209,9 @@ void Checkpointer::wait_snapshot() {
   // Called every step: nothing to do once the copy is made, while the writer writes.
   if (!inflight_ || inflight_->copies.done()) return;
   const auto t0 = Clock::now();
+  // The writer may hold a chunk this thread will wait for: at normal priority from now on (its
+  // writes would be anyway).
+  inflight_->priority.raise(inflight_->thread.native_handle());
   // Every intra-op thread is free while the training thread waits here: all of them copy.
   at::parallel_for(0, at::get_num_threads(), 1, [this](int64_t, int64_t) { inflight_->copies.copy_some(); });
   inflight_->copies.wait();
@@ -378,15 +386,18 @@ void Checkpointer::save(const CheckpointState& st) {
   fl->thread = std::thread([this, fl, plans = std::move(plans), kill, step = st.step] {
     const auto w0 = Clock::now();
     pthread_setname_np(pthread_self(), "ckpt-writer");  // as top and perf show it
-    set_idle_priority();
+    t_background = &fl->priority;
+    fl->priority.lower();  // for the copy; refused (parallel.h): at normal priority, yielding
     fl->copies.copy_some();
     fl->copies.wait();
+    fl->priority.raise(pthread_self());  // the writes: normal priority, paced by sleeping (above)
     fl->pacer.start(pace_pieces(plans), fl->report.pace_ms / 1e3);  // the writes, paced (the copy never is)
     t_pacer = &fl->pacer;
     fl->report.error = write_checkpoint(ckpt_dir_, step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     t_pacer = nullptr;
     fl->report.slept_ms = 1e3 * fl->pacer.slept_s();
     fl->report.write_ms = ms_since(w0);
+    t_background = nullptr;
     fl->done.store(true);
   });
   fl->report.call_ms = ms_since(t0);

@@ -19,8 +19,9 @@
 // the tensors live on a CUDA device) and a writer thread writes them from there (direct I/O where
 // the file system takes it: common/files.h, try_write_plan).
 // From CUDA the copy is made inside save(); from CPU memory it is made while the next step's
-// forward and backward run, in chunks taken by the writer thread (a background thread: idle
-// priority and a yield between pieces, common/parallel.h)
+// forward and backward run, in chunks taken by the writer thread (idle priority for the copy and
+// a yield between pieces, common/parallel.h; raised to normal priority by whoever waits for it,
+// and for its writes, see checkpoint.cpp, InFlight)
 // and by wait_snapshot() (asked by the optimizer and the EMA before they write what it covers),
 // which copies what is left and returns when all is copied. At most one save is in flight. The
 // buffer is kept for the next save: host memory holds the state twice while async saves are on.
@@ -37,7 +38,7 @@
 // The copy into the staging buffer is never paced (the next update waits for it). Nothing else
 // changes: the same files in the same order, fsync'd, then the manifest, then the rename; wait(),
 // the destructor and a save() while one is in flight end the pacing and let the writer finish at
-// full speed (so a save due before the previous one finished behaves as without pacing). No
+// full speed (and normal priority) (so a save due before the previous one finished behaves as without pacing). No
 // interval known (every_steps 0, or no step seen), or write_pace 0: unpaced.
 //
 // SaveReport::block_ms is the real stall (trainer/checkpoint/stall.h): the time save() blocked

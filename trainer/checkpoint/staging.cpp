@@ -1,6 +1,8 @@
 // Staging buffer and chunked copies of the async checkpoint (see staging.h).
 #include "trainer/checkpoint/staging.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -94,8 +96,18 @@ Images layout_images(const TensorFiles& files, const std::map<std::string, std::
 
 StagingBuffer::~StagingBuffer() { join_prefault(); }
 
+struct StagingBuffer::Prefault {
+  std::atomic<bool> stop{false};
+  IdlePriority priority;
+  std::thread thread;
+};
+
 void StagingBuffer::join_prefault() {
-  if (prefault_.joinable()) prefault_.join();
+  if (!prefault_) return;
+  prefault_->stop = true;
+  prefault_->priority.raise(prefault_->thread.native_handle());  // no waiting for an idle thread (parallel.h)
+  prefault_->thread.join();
+  prefault_.reset();
 }
 
 bool StagingBuffer::allocate(int64_t bytes, bool pinned) {
@@ -111,12 +123,17 @@ void StagingBuffer::prepare(const TensorFiles& files, const std::map<std::string
   if (!allocate(im.bytes, im.cuda) || im.cuda) return;
   volatile char* p = reinterpret_cast<char*>(buffer_.data_ptr<uint8_t>());
   const size_t n = static_cast<size_t>(buffer_.numel());
-  prefault_ = std::thread([p, n] {
-    set_background_priority();  // refused: it still yields (the writer thread warns once)
-    for (size_t o = 0; o < n; o += kAlign) {
+  prefault_ = std::make_unique<Prefault>();
+  Prefault* pf = prefault_.get();
+  pf->thread = std::thread([pf, p, n] {
+    pthread_setname_np(pthread_self(), "ckpt-prefault");  // as top and perf show it
+    t_background = &pf->priority;
+    pf->priority.lower();  // refused (parallel.h): it works at normal priority, yielding
+    for (size_t o = 0; o < n && !pf->stop.load(std::memory_order_relaxed); o += kAlign) {
       p[o] = 0;
       if (o % (size_t{4} << 20) == 0) yield_if_background();
     }
+    t_background = nullptr;
   });
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/parallel.h"
 #include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
@@ -59,7 +61,9 @@ class StagingBuffer {
   // Allocates the buffer for `files` now, so that the first save does not. Host memory: its pages
   // are faulted in on a background thread (idle priority, yielding); the first copy into 1.5 GB of
   // fresh memory otherwise takes the page faults (the kernel zeroing every page) inside the steps
-  // that run while it is made. Device tensors: pinned memory, resident once allocated (here, on
+  // that run while it is made. A save (stage()) or the destructor that comes before it finished
+  // stops it, raised to normal priority for its last piece (a thread at idle priority beside busy
+  // processes would otherwise take minutes to get there); the copy faults in the rest. Device tensors: pinned memory, resident once allocated (here, on
   // the calling thread). Nothing to do when the buffer is big enough.
   void prepare(const TensorFiles& files, const std::map<std::string, std::string>& metadata);
   // `files` as safetensors images in this buffer, each a plan of one span. The heads and the
@@ -74,7 +78,8 @@ class StagingBuffer {
   void join_prefault();
 
   torch::Tensor buffer_;  // uint8
-  std::thread prefault_;  // prepare()'s, touching one byte per page
+  struct Prefault;  // prepare()'s thread, touching one byte per page
+  std::unique_ptr<Prefault> prefault_;
 };
 
 }  // namespace lm

@@ -38,14 +38,14 @@ GradSync::GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, doubl
   std::map<std::string, torch::Tensor> by_name;
   for (auto& p : model.named_parameters()) by_name[p.key()] = p.value();
   for (size_t i = 0; i < entries.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(by_name.at(entries[i].name));
+    auto acc = compat::grad_accumulator(by_name.at(entries[i].name));
     auto key = acc->add_post_hook(std::make_unique<ReadyHook>([this, i] { ready(i); }));
     hooks_.emplace_back(acc, key);
   }
 }
 
 GradSync::~GradSync() {
-  for (auto& [acc, key] : hooks_) static_cast<torch::autograd::Node*>(acc.get())->del_post_hook(key);
+  for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
 }
 
 void GradSync::begin(bool sync) {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/torch/compat.h"
 #include "trainer/ddp/process_group.h"
 
 namespace lm {
@@ -51,7 +52,7 @@ class GradSync {
   size_t next_launch_ = 0;
   bool active_ = false;
   bool reported_ = false;
-  std::vector<std::pair<std::shared_ptr<void>, uintptr_t>> hooks_;
+  std::vector<std::pair<compat::AutogradNodePtr, uintptr_t>> hooks_;  // AccumulateGrad nodes, hook keys
 };
 
 // Data parallel over `comm`: rank 0's parameters broadcast to every rank (after a resume every rank
