@@ -1,18 +1,14 @@
 // The launcher of one node (see launcher.h).
 //
-// Rendezvous (rendezvous.h): the launchers meet over their own line protocol, served by node 0's
-// launcher at --rdzv-endpoint (default MASTER_ADDR:MASTER_PORT; with one node there is nothing to
-// serve: node 0 keeps the state in-process). For every attempt each node JOINs; once all did, node 0
-// picks the workers' MASTER_PORT (--master-port with one node, else a free port of node 0, new for
-// every attempt) and every node starts its workers with global ranks in node order (like torchrun,
-// nproc may differ between nodes). The workers' rank 0 hosts the c10d store at
-// MASTER_ADDR:MASTER_PORT and the others connect to it (TORCHELASTIC_USE_AGENT_STORE=False), as
-// with plain torch.distributed: no launcher touches that store.
-// While workers run, every node POLLs each --monitor-interval. Attempt n succeeds when every node
-// reported DONE; it fails when any node reported a FAIL (or lost its connection): then every node
-// stops its workers (SIGTERM, --grace-period, SIGKILL) and, while restarts are left, all nodes meet
-// again for attempt n+1. A STOP (SIGINT/SIGTERM/SIGHUP on some node) stops every node; node 0
-// stays up until every node said END (bounded), so nobody loses node 0 mid-poll.
+// Each attempt: JOIN the launchers' rendezvous (rendezvous.h; node 0 serves it, or keeps it
+// in-process when it is the only node) until every node is there, start this node's workers with
+// global ranks in node order (nproc may differ between nodes, as with torchrun) and the MASTER_PORT
+// node 0 gave, then POLL each --monitor-interval. The attempt succeeds when every node reported
+// DONE; it fails when any node reported FAIL or lost its connection: every node stops its workers
+// (SIGTERM, --grace-period, SIGKILL) and, while restarts are left, all meet again for the next
+// attempt. A STOP (SIGINT/SIGTERM/SIGHUP on some node) stops every node; node 0 stays up until
+// every node said END (bounded), so nobody loses node 0 mid-poll. No launcher touches the workers'
+// c10d store: their rank 0 hosts it.
 #include "launch/launcher/launcher.h"
 
 #include <arpa/inet.h>

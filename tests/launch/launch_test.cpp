@@ -658,6 +658,9 @@ TEST(Launch, BadInputOneLineExit2) {
       {"--nproc-per-node"},                                    // CLI11: value missing
       {"--log-dir", ld, "no_such_command_xyz"},                // command not found
       {"--log-dir", "/proc/launch_test", kWorker},             // log dir not creatable
+      {"--rdzv-endpoint", "node0", kWorker},                   // no port
+      {"--rdzv-endpoint", "node0:70000", kWorker},             // port out of range
+      {"--standalone", "--rdzv-endpoint", "node0:1", kWorker}, // standalone serves nothing
   };
   std::vector<std::future<RunResult>> runs;  // in parallel
   for (auto& args : cases) runs.push_back(std::async(std::launch::async, [&args] { return launch(args); }));
@@ -696,7 +699,7 @@ TEST(Launch, HelpExitsZero) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* opt : {"--nproc-per-node,--nproc_per_node", "--nnodes", "--node-rank,--node_rank",
                           "--master-addr", "--master-port", "--max-restarts", "--log-dir", "--standalone", "--run-id",
-                          "--grace-period", "--monitor-interval"})
+                          "--grace-period", "--monitor-interval", "--rdzv-endpoint"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
