@@ -244,14 +244,16 @@ struct Coordinator::State {
     if (verb == "FAIL") {
       std::string f;
       std::getline(in, f);
+      const size_t start = f.find_first_not_of(' ');
+      if (start == std::string::npos) return "ERR malformed FAIL";
       Attempt& at = attempts[a];
-      if (!at.failure) at.failure = Failure::decode(f.substr(f.find_first_not_of(' ')));
+      if (!at.failure) at.failure = Failure::decode(f.substr(start));
       return "FAILED " + at.failure->encode();
     }
     if (verb == "POLL") return poll(a);
     if (verb == "STOP") {
       int sig = 0;
-      in >> sig;
+      if (!(in >> sig) || sig <= 0) return "ERR malformed STOP";
       if (!stop) stop = std::make_pair(sig, *node);
       return "OK";
     }

@@ -10,10 +10,10 @@
 
 #include <gtest/gtest.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -112,7 +112,14 @@ std::vector<std::string> lines_of(const std::string& text) {
   return v;
 }
 
-bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+// Whether `pid` still runs; a zombie does not (an orphan waits for whoever reaps it, maybe nobody).
+bool process_exists(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  auto paren = stat.rfind(')');  // "pid (comm) S ..."
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
 
 // The pids a fake worker printed ("worker rank=R local_rank=L attempt=A pid=P").
 std::map<int, pid_t> worker_pids(const std::string& out) {
@@ -473,7 +480,7 @@ TEST(Launch, TwoNodesLostLauncherFailsTheAttempt) {
   Child node[2];
   for (int k : {0, 1})
     node[k] = start({"--nnodes", "2", "--node-rank", std::to_string(k), "--master-port", std::to_string(port),
-                     "--max-restarts", "1", "--rdzv-timeout", "3", "--log-dir", tmp / "logs", "--monitor-interval",
+                     "--max-restarts", "1", "--rdzv-timeout", "6", "--log-dir", tmp / "logs", "--monitor-interval",
                      "0.1", "--grace-period", "2", "--", kWorker, "--sleep", "60"},
                     tmp / ("node" + std::to_string(k)), tmp / ("node" + std::to_string(k)));
   for (int k : {0, 1})
@@ -485,7 +492,7 @@ TEST(Launch, TwoNodesLostLauncherFailsTheAttempt) {
   const std::string out = read_text(tmp / "node0");
   EXPECT_NE(out.find("attempt 0 failed: node 1 lost its launch (connection closed)"), std::string::npos) << out;
   EXPECT_NE(out.find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << out;
-  EXPECT_NE(out.find("attempt 1: timed out after 3 s waiting for node(s) 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("attempt 1: timed out after 6 s waiting for node(s) 1"), std::string::npos) << out;
   auto t0 = Clock::now();
   for (auto& [rank, pid] : pids)
     while (process_exists(pid) && std::chrono::duration<double>(Clock::now() - t0).count() < 10)

@@ -111,6 +111,22 @@ TEST(Rendezvous, HelloRefusesNodesThatDisagree) {
   EXPECT_NE(usage_error_of([&] { nobody.join(0, 1); }).find("HELLO first"), std::string::npos);
 }
 
+// Whatever a connection sends, node 0 answers ERR and keeps the job's state (a request that threw
+// would end node 0's launch from its server thread). Checked to fail with the FAIL check removed
+// (std::out_of_range: the test binary aborts) and with STOP accepting no signal.
+TEST(Rendezvous, MalformedRequestsAreRefused) {
+  Options o0 = node_options(0);
+  Coordinator coord(o0, 0);
+  int node = -1;
+  EXPECT_EQ(coord.handle(&node, "JOIN 0 1"), "ERR HELLO first");
+  EXPECT_EQ(coord.handle(&node, "HELLO lmlaunch/1 run=job node=1 nnodes=2 max_restarts=1"), "OK lmlaunch/1");
+  EXPECT_EQ(node, 1);
+  for (const char* bad : {"FAIL 0", "FAIL 0   ", "FAIL", "JOIN", "JOIN 0", "JOIN 0 0", "JOIN -1 1", "POLL x", "STOP",
+                          "STOP x", "STOP 0", "NOPE", ""})
+    EXPECT_EQ(coord.handle(&node, bad).rfind("ERR ", 0), 0u) << "'" << bad << "'";
+  EXPECT_EQ(coord.handle(&node, "POLL 0"), "RUN") << "no failure and no stop recorded";
+}
+
 TEST(Rendezvous, FirstFailureWinsOnEveryNode) {
   Options o0 = node_options(0), o1 = node_options(1);
   Coordinator coord(o0, 0);
