@@ -28,7 +28,7 @@ namespace lm::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxLine = 4096;  // longer: not a launcher; the connection is closed
+constexpr size_t kMaxRequestLine = 4096;  // longer: not a launcher; the connection is closed
 
 std::string join_ints(const std::vector<int>& v) {
   std::string s;
@@ -321,7 +321,7 @@ struct CoordServer::Impl {
       c.in.erase(0, nl + 1);
       c.out += coord.handle(&c.node, line) + "\n";
     }
-    return c.in.size() <= kMaxLine;
+    return c.in.size() <= kMaxRequestLine;
   }
 
   bool write_to(int fd, Conn& c) {
@@ -431,7 +431,7 @@ std::string Peer::exchange(const std::string& line) {
     ssize_t n = ::recv(fd_, b, sizeof b, 0);
     if (n > 0) {
       buf_.append(b, static_cast<size_t>(n));
-      if (buf_.size() > kMaxLine) throw Error(strf("%s does not speak %s", where_.c_str(), kProtocol));
+      if (buf_.size() > kMaxRequestLine) throw Error(strf("%s does not speak %s", where_.c_str(), kProtocol));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

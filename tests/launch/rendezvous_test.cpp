@@ -113,7 +113,7 @@ TEST(Rendezvous, HelloRefusesNodesThatDisagree) {
 
 // Whatever a connection sends, node 0 answers ERR and keeps the job's state (a request that threw
 // would end node 0's launch from its server thread). Checked to fail with the FAIL check removed
-// (std::out_of_range: the test binary aborts) and with STOP accepting no signal.
+// (std::out_of_range escapes handle()) and with STOP accepting any signal.
 TEST(Rendezvous, MalformedRequestsAreRefused) {
   Options o0 = node_options(0);
   Coordinator coord(o0, 0);
