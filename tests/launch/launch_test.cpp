@@ -452,6 +452,7 @@ TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
   EXPECT_NE(e0[0]["MASTER_PORT"], std::to_string(port));
 }
 
+// Checked to fail with HELLO not comparing --max-restarts.
 TEST(Launch, TwoNodesThatDisagreeAreRefused) {
   TempDir tmp;
   int port = free_port();
@@ -473,7 +474,8 @@ TEST(Launch, TwoNodesThatDisagreeAreRefused) {
 }
 
 // Node 1's launcher dies (SIGKILL) mid-run: its workers die with it (PR_SET_PDEATHSIG), node 0
-// fails the attempt, stops its workers, and its restart times out waiting for node 1.
+// fails the attempt, stops its workers, and its restart times out waiting for node 1. Checked to
+// fail with Coordinator::lost recording no failure.
 TEST(Launch, TwoNodesLostLauncherFailsTheAttempt) {
   TempDir tmp;
   int port = free_port();
@@ -613,7 +615,8 @@ TEST(Launch, RealTorchWorkersAllReduceAcrossNodesAndRestart) {
 // One node with a fixed --master-port: every attempt's rank 0 hosts the store on that same port.
 // Attempt 0: rank 1 fails after the all-reduce (rank 0's store served connections: the restart
 // binds the port again). Attempt 1: rank 0 fails before its store is up while rank 1 waits to
-// connect (the launcher stops rank 1). Attempt 2 succeeds.
+// connect (the launcher stops rank 1). Attempt 2 succeeds. Checked to fail with a free port per
+// attempt for one node.
 TEST(Launch, RealTorchWorkersRestartOnTheSamePort) {
   if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed"}).exit_code != 0)
     GTEST_SKIP() << "no torch for /usr/bin/python3";
