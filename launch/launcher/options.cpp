@@ -104,7 +104,8 @@ void add_options(CLI::App& app, Options& o, RawNumbers& raw, bool& no_python) {
   app.add_option("--log-dir,--log_dir", o.log_dir, "Per-rank logs: LOG_DIR/<run_id>/attempt_<n>/rank_<r>.log")
       ->capture_default_str();
   app.add_flag("--standalone", o.standalone,
-               "Single node: the workers' store on a free port of 127.0.0.1 (ignores --master-addr/--master-port); "
+               "Single node: the workers get a free port of 127.0.0.1 at every attempt "
+               "(ignores --master-addr/--master-port); "
                "the run id is random unless --run-id is given");
   raw.run_id = app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
                               "Job id (TORCHELASTIC_RUN_ID), the same on every node")
