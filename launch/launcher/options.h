@@ -21,7 +21,7 @@ struct Options {
   std::string run_id = "none";            // TORCHELASTIC_RUN_ID; same on every node (random with --standalone)
   std::string role = "default";           // ROLE_NAME
   double grace_period_s = 10;             // SIGTERM (or the forwarded signal) -> SIGKILL
-  double monitor_interval_s = 0.5;        // how often the store is polled for other nodes' news
+  double monitor_interval_s = 0.5;        // how often node 0 is polled for other nodes' news
   double rdzv_timeout_s = 600;            // waiting for node 0 and for the other nodes
   std::string rdzv_host;                  // where node 0's launch serves the rendezvous (rendezvous.h):
   int rdzv_port = 0;                      //   --rdzv-endpoint HOST:PORT, else MASTER_ADDR:MASTER_PORT
