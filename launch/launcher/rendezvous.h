@@ -14,7 +14,8 @@
 //                          | STOP <signal> <node>
 //                       node k is ready for attempt a; GO once every node is: <port> is the
 //                       workers' MASTER_PORT of attempt a (picked on node 0 when the last node joins:
-//                       --master-port with one node, else a free port, new for every attempt)
+//                       --master-port with one node unless --standalone, else a free port, new for
+//                       every attempt)
 //   DONE <a>            -> OK      all of this node's workers exited 0 in attempt a
 //   FAIL <a> <failure>  -> FAILED <the attempt's first failure>   (workers.h: Failure::encode)
 //   POLL <a>            -> RUN | DONE (every node is done) | FAILED <failure> | STOP <signal> <node>
