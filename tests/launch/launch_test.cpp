@@ -582,13 +582,15 @@ TEST(Launch, RendezvousTimeoutNamesMissingNode) {
 
 // Real torch.distributed workers on two "nodes": env:// (rank 0 hosts the c10d store at
 // MASTER_ADDR:MASTER_PORT, the others connect), a gloo all-reduce, and again after a restart of the
-// whole group on a new port.
+// whole group on a new port. env:// honours USE_LIBUV=0, so this runs on Debian's libuv-less torch
+// 2.x too (torchrun's own stores ask for libuv whatever USE_LIBUV says: SameVariablesAsTorchrun skips).
 TEST(Launch, RealTorchWorkersAllReduceAcrossNodesAndRestart) {
   if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed"}).exit_code != 0)
     GTEST_SKIP() << "no torch for /usr/bin/python3";
   TempDir tmp;
   write_text(tmp / "w.py",
              "import os, sys, torch, torch.distributed as dist\n"
+             "os.environ.setdefault('USE_LIBUV', '0')  # Debian's torch 2.x has no libuv (1.13 ignores it)\n"
              "dist.init_process_group('gloo')\n"
              "rank, world = dist.get_rank(), dist.get_world_size()\n"
              "t = torch.tensor([rank + 1.0])\n"
@@ -625,6 +627,7 @@ TEST(Launch, RealTorchWorkersRestartOnTheSamePort) {
              "import os, sys, torch, torch.distributed as dist\n"
              "attempt, rank = int(os.environ['TORCHELASTIC_RESTART_COUNT']), int(os.environ['RANK'])\n"
              "if attempt == 1 and rank == 0: sys.exit(4)\n"
+             "os.environ.setdefault('USE_LIBUV', '0')  # Debian's torch 2.x has no libuv (1.13 ignores it)\n"
              "dist.init_process_group('gloo')\n"
              "t = torch.tensor([rank + 1.0])\n"
              "dist.all_reduce(t)\n"
@@ -707,7 +710,7 @@ TEST(Launch, PortInUseOnNode0) {
 TEST(Launch, HelpExitsZero) {
   auto r = launch({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* opt : {"--nproc-per-node,--nproc_per_node", "--nnodes", "--node-rank,--node_rank",
+  for (const char* opt : {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
                           "--master-addr", "--master-port", "--max-restarts", "--log-dir", "--standalone", "--run-id",
                           "--grace-period", "--monitor-interval", "--rdzv-endpoint"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
