@@ -3,7 +3,8 @@
 #
 # Slurm starts ONE task per node (srun below); each task runs `launch`, which starts one trainer
 # per GPU on its node and gives it torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
-# Node 0's launch hosts the rendezvous store at MASTER_ADDR:MASTER_PORT; the others connect to it.
+# Node 0's launch serves the launchers' rendezvous at MASTER_ADDR:MASTER_PORT; the others connect to
+# it. Node 0 picks a free port for the trainers' c10d store (hosted by rank 0) at every (re)start.
 # When a trainer fails, every node's launch stops its trainers and all restart together, up to
 # --max-restarts times (the trainer resumes from its last checkpoint).
 #
@@ -27,14 +28,14 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 CONFIG=${1:-configs/gpt2-124m.yaml}
 shift || true
 
-# Node 0 of the allocation hosts the store: the first host of the node list.
+# Node 0 of the allocation serves the rendezvous: the first host of the node list.
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # A port derived from the job id, so two jobs sharing a node do not collide.
 MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
 export CONFIG MASTER_ADDR MASTER_PORT GPUS_PER_NODE
 
-echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) x $GPUS_PER_NODE GPU(s), store at $MASTER_ADDR:$MASTER_PORT"
+echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) x $GPUS_PER_NODE GPU(s), rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
 # srun runs the quoted command once per node; SLURM_NODEID (0..nnodes-1) is evaluated there, so
 # it is in single quotes. --kill-on-bad-exit ends the other nodes when one launch gives up.

@@ -1,26 +1,14 @@
 // The launcher of one node (see launcher.h).
 //
-// Rendezvous (like torchrun's static TCP rendezvous): the launcher of node 0 hosts the store
-// (store.h: c10d's TCPStore protocol, without LibTorch) at MASTER_ADDR:MASTER_PORT; the launchers
-// of all nodes, node 0's too, connect to it as clients. Workers get TORCHELASTIC_USE_AGENT_STORE=True
-// and connect to the same store as c10d::TCPStore clients under the prefix
-// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (the trainer does that part).
-// The launchers keep their own keys under "launch/<run_id>/":
-//   attempt_<n>/node_<k>     node k is ready for attempt n ("nproc=P max_restarts=M nnodes=N");
-//                            every node waits for all of them, so attempt n starts together and
-//                            global ranks are assigned in node order (like torchrun, nproc may
-//                            differ between nodes)
-//   attempt_<n>/done_<k>     all of node k's workers exited 0 in attempt n
-//   attempt_<n>/failed       counter: nodes that saw a worker fail in attempt n; the first one
-//                            writes attempt_<n>/failure ("rank= node= local_rank= pid= code= signal=")
-//   shutdown                 a node got SIGINT/SIGTERM/SIGHUP ("<signal> <node>"): all nodes stop
-//   end                      counter of nodes that finished; node 0 (the store's host) waits for
-//                            all of them before it exits, so nobody loses the store mid-read
-// Every node polls these keys each --monitor-interval. Attempt n succeeds when every node wrote
-// done_<k>; it fails when anybody bumped `failed`: then every node stops its workers (SIGTERM,
-// --grace-period, SIGKILL) and, while restarts are left, all nodes meet again for attempt n+1.
-// The store's server speaks both dialects of the protocol, so workers on LibTorch 1.13 and 2.x
-// (C++ or Python) connect to it alike.
+// Each attempt: JOIN the launchers' rendezvous (rendezvous.h; node 0 serves it, or keeps it
+// in-process when it is the only node) until every node is there, start this node's workers with
+// global ranks in node order (nproc may differ between nodes, as with torchrun) and the MASTER_PORT
+// node 0 gave, then POLL each --monitor-interval. The attempt succeeds when every node reported
+// DONE; it fails when any node reported FAIL or lost its connection: every node stops its workers
+// (SIGTERM, --grace-period, SIGKILL) and, while restarts are left, all meet again for the next
+// attempt. A STOP (SIGINT/SIGTERM/SIGHUP on some node) stops every node; node 0 stays up until
+// every node said END (bounded), so nobody loses node 0 mid-poll. No launcher touches the workers'
+// c10d store: their rank 0 hosts it.
 #include "launch/launcher/launcher.h"
 
 #include <arpa/inet.h>
@@ -46,7 +34,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/process.h"
-#include "launch/launcher/store.h"
+#include "launch/launcher/rendezvous.h"
 #include "launch/launcher/workers.h"
 
 namespace lm::launch {
@@ -64,9 +52,9 @@ std::string first_line(std::string msg) {
   return msg;
 }
 
-// Throws UsageError when something already listens on `port` (checked before the store binds it,
-// for the one line users know).
-void check_port_free(int port) {
+// Throws UsageError when something already listens on `port` (checked before anything binds it,
+// for the one line users know). `option` and `what` name the port in the message.
+void check_port_free(int port, const char* option, const char* what) {
   for (int family : {AF_INET6, AF_INET}) {
     int s = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) continue;
@@ -89,9 +77,8 @@ void check_port_free(int port) {
     int err = errno;
     ::close(s);
     if (rc != 0 && err == EADDRINUSE)
-      throw UsageError(strf("--master-port %d is already in use on this node (node 0 hosts the store there)", port));
-    if (rc != 0 && err == EACCES)
-      throw UsageError(strf("--master-port %d: permission denied (privileged port)", port));
+      throw UsageError(strf("%s %d is already in use on this node (%s)", option, port, what));
+    if (rc != 0 && err == EACCES) throw UsageError(strf("%s %d: permission denied (privileged port)", option, port));
     if (rc == 0) return;
   }
 }
@@ -128,25 +115,24 @@ struct Outcome {
 
 class Launcher {
  public:
-  explicit Launcher(const Options& o)
-      : o_(o), prefix_("launch/" + o_.run_id + "/"), workers_(o_, g_sig_pipe[0], [this] { read_signals(); }) {}
+  explicit Launcher(const Options& o) : o_(o), workers_(o_, g_sig_pipe[0], [this] { read_signals(); }) {}
   Launcher(const Launcher&) = delete;
   Launcher& operator=(const Launcher&) = delete;
 
   int run() {
-    connect_store();
+    connect();
     for (int sig : kForwardedSignals) install(sig, on_signal);
-    log::info(strf("[launch] node %d/%d, run id %s, store %s:%d, logs in %s/%s/attempt_<n>/rank_<r>.log",
-                   o_.node_rank, o_.nnodes, o_.run_id.c_str(), o_.master_addr.c_str(), port_,
+    log::info(strf("[launch] node %d/%d, run id %s, %s, logs in %s/%s/attempt_<n>/rank_<r>.log", o_.node_rank,
+                   o_.nnodes, o_.run_id.c_str(),
+                   o_.nnodes > 1 ? strf("rendezvous %s:%d", o_.rdzv_host.c_str(), o_.rdzv_port).c_str()
+                                 : "one node",
                    o_.log_dir.c_str(), o_.run_id.c_str()));
     for (int attempt = 0;; ++attempt) {
       Outcome out = rendezvous(attempt);
       if (out.kind == Outcome::kSuccess) out = run_attempt(attempt);
       if (out.kind == Outcome::kFailed && attempt < o_.max_restarts) {
-        log::warn(strf("[launch] attempt %d failed: rank %d (node %d) %s; restarting the worker group "
-                       "(restart %d of %d)",
-                       attempt, out.failure.rank, out.failure.node, out.failure.how().c_str(), attempt + 1,
-                       o_.max_restarts));
+        log::warn(strf("[launch] attempt %d failed: %s %s; restarting the worker group (restart %d of %d)", attempt,
+                       who(out.failure).c_str(), out.failure.how().c_str(), attempt + 1, o_.max_restarts));
         continue;
       }
       return finish(attempt, out);
@@ -154,7 +140,11 @@ class Launcher {
   }
 
  private:
-  // The exit code of the job's last attempt, after the "end" barrier.
+  static std::string who(const Failure& f) {
+    return f.rank >= 0 ? strf("rank %d (node %d)", f.rank, f.node) : strf("node %d", f.node);
+  }
+
+  // The exit code of the job's last attempt, after the END barrier.
   int finish(int attempt, const Outcome& out) {
     int code = kExitOk;
     switch (out.kind) {
@@ -197,35 +187,43 @@ class Launcher {
     workers_.stop(sig, [&] { return signals_.size() != signals_before; });
   }
 
-  // ---- store ----
+  // ---- the rendezvous ----
 
-  // Node 0 starts the server; every node connects a client (node 0's through MASTER_ADDR, as c10d's
-  // own server-side TCPStore does).
-  void connect_store() {
+  // Node 0 keeps the job's state (and serves it to the other nodes when there are any); every other
+  // node connects to it. Then HELLO: node 0 refuses a node whose options disagree (UsageError).
+  void connect() {
     const bool host = o_.node_rank == 0;
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
-    if (host && o_.master_port != 0) check_port_free(o_.master_port);
-    if (!host)
-      log::info(strf("[launch] node %d: connecting to the store at %s:%d (up to %.0f s)", o_.node_rank,
-                     o_.master_addr.c_str(), o_.master_port, o_.rdzv_timeout_s));
-    try {
-      if (host) server_ = std::make_unique<StoreServer>(o_.master_port);
-      port_ = host ? server_->port() : o_.master_port;
-      store_ = std::make_unique<StoreClient>(o_.master_addr, port_, timeout);
-    } catch (const std::exception& e) {
-      std::string msg = first_line(e.what());
-      if (host)
-        throw UsageError(strf("cannot host the rendezvous store on port %d: %s", o_.master_port, msg.c_str()));
-      throw Error(strf("cannot reach the rendezvous store at %s:%d: %s", o_.master_addr.c_str(), o_.master_port,
-                       msg.c_str()));
+    if (o_.nnodes == 1) {
+      // The workers' store will listen on --master-port: say now when something else does.
+      if (!o_.standalone) check_port_free(o_.master_port, "--master-port", "the workers' rank 0 hosts the c10d store there");
+      coord_ = std::make_unique<Coordinator>(o_, o_.standalone ? 0 : o_.master_port);
+      peer_ = std::make_unique<Peer>(o_, *coord_);
+    } else if (host) {
+      const char* option = o_.rdzv_from_endpoint ? "--rdzv-endpoint port" : "--master-port";
+      check_port_free(o_.rdzv_port, option, "node 0's launch serves the rendezvous there");
+      coord_ = std::make_unique<Coordinator>(o_, 0);
+      try {
+        server_ = std::make_unique<CoordServer>(*coord_, o_.rdzv_port);
+      } catch (const std::exception& e) {
+        throw UsageError(strf("cannot serve the rendezvous on port %d: %s", o_.rdzv_port, first_line(e.what()).c_str()));
+      }
+      peer_ = std::make_unique<Peer>(o_, *coord_);
+    } else {
+      log::info(strf("[launch] node %d: connecting to node 0 at %s:%d (up to %.0f s)", o_.node_rank,
+                     o_.rdzv_host.c_str(), o_.rdzv_port, o_.rdzv_timeout_s));
+      const auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+      try {
+        peer_ = std::make_unique<Peer>(o_, o_.rdzv_host, o_.rdzv_port, ms(o_.rdzv_timeout_s),
+                                       ms(std::clamp(o_.rdzv_timeout_s, 10.0, 60.0)));
+      } catch (const std::exception& e) {
+        throw Error(strf("cannot reach node 0's launch at %s:%d: %s", o_.rdzv_host.c_str(), o_.rdzv_port,
+                         first_line(e.what()).c_str()));
+      }
     }
+    peer_->hello();
   }
 
-  std::string key(int attempt, const std::string& name) const {
-    return prefix_ + "attempt_" + std::to_string(attempt) + "/" + name;
-  }
-
-  // Runs a store operation; a lost store (node 0 gone) stops the workers and fails the run.
+  // Runs a rendezvous call; a lost node 0 stops the workers and fails the run.
   template <typename F>
   auto guarded(F&& f) -> decltype(f()) {
     try {
@@ -233,36 +231,27 @@ class Launcher {
     } catch (const std::exception& e) {
       std::string msg = first_line(e.what());
       stop_workers(SIGTERM);
-      throw Error(strf("lost the rendezvous store at %s:%d (node 0 gone?): %s", o_.master_addr.c_str(), port_,
-                       msg.c_str()));
+      throw Error(strf("lost the rendezvous with node 0 at %s:%d (node 0 gone?): %s", o_.rdzv_host.c_str(),
+                       o_.rdzv_port, msg.c_str()));
     }
-  }
-
-  // The signal and node of a shutdown published by some node, if any.
-  std::optional<std::pair<int, int>> shutdown_requested() {
-    if (!guarded([&] { return store_->check({prefix_ + "shutdown"}); })) return std::nullopt;
-    std::string v = guarded([&] { return store_->get(prefix_ + "shutdown"); });
-    int sig = SIGTERM, node = -1;
-    std::sscanf(v.c_str(), "%d %d", &sig, &node);
-    return std::make_pair(sig, node);
   }
 
   void publish_shutdown(int sig) {
     try {
-      store_->set(prefix_ + "shutdown", strf("%d %d", sig, o_.node_rank));
+      peer_->stop(sig);
     } catch (const std::exception&) {
-      // the store is gone: nobody to tell
+      // node 0 is gone: nobody to tell
     }
   }
 
-  // Every node counts itself into "end"; node 0 keeps the store up until all did (bounded wait).
+  // Every node says END; node 0 keeps serving until all did (or disconnected; bounded wait).
   void end_barrier() {
     try {
-      store_->add(prefix_ + "end", 1);
+      peer_->end();
       if (o_.node_rank != 0) return;
       auto t0 = Clock::now();
       double limit = std::max(30.0, o_.grace_period_s + 10 * o_.monitor_interval_s + 10);
-      while (store_->add(prefix_ + "end", 0) < o_.nnodes && seconds_since(t0) < limit) {
+      while (peer_->ended() < o_.nnodes && seconds_since(t0) < limit) {
         pump(50);
         if (!signals_.empty()) break;  // interrupted again: leave now
       }
@@ -270,53 +259,27 @@ class Launcher {
     }
   }
 
-  // ---- rendezvous ----
-
-  // Announces this node for `attempt` and waits for all nodes, then reads every node's worker
-  // count (node_nproc_). Returns kSuccess when all are there, kInterrupted on a signal here or a
-  // shutdown elsewhere; throws on timeout (Error) or nodes that disagree (UsageError).
+  // JOINs `attempt` until every node did (node_nproc_, port_). Returns kSuccess then, kInterrupted
+  // on a signal here or a STOP elsewhere; throws Error on timeout, naming the missing nodes.
   Outcome rendezvous(int attempt) {
-    std::string info = strf("nproc=%d max_restarts=%d nnodes=%d", o_.nproc_per_node, o_.max_restarts, o_.nnodes);
-    guarded([&] { store_->set(key(attempt, "node_" + std::to_string(o_.node_rank)), info); });
-    std::vector<std::string> keys;
-    for (int k = 0; k < o_.nnodes; ++k) keys.push_back(key(attempt, "node_" + std::to_string(k)));
     auto t0 = Clock::now();
-    auto next_poll = Clock::now();
     while (true) {
       if (!signals_.empty()) return interrupted_here();
-      if (Clock::now() >= next_poll) {
-        if (auto sd = shutdown_requested()) return interrupted_remote(*sd);
-        if (guarded([&] { return store_->check(keys); })) break;
-        next_poll = Clock::now() + std::chrono::milliseconds(20);
+      Poll p = guarded([&] { return peer_->join(attempt, o_.nproc_per_node); });
+      if (p.kind == Poll::kStopped) return interrupted_remote(p);
+      if (p.kind == Poll::kGo) {
+        node_nproc_ = p.node_nproc;
+        port_ = p.port;
+        return {};
       }
-      if (seconds_since(t0) > o_.rdzv_timeout_s) throw rendezvous_timeout(attempt, keys);
+      if (seconds_since(t0) > o_.rdzv_timeout_s) {
+        std::string missing;
+        for (int k : p.missing) missing += (missing.empty() ? "" : ",") + std::to_string(k);
+        throw Error(strf("attempt %d: timed out after %.0f s waiting for node(s) %s at %s:%d (same --nnodes, "
+                         "--master-addr, --master-port and --run-id on every node?)",
+                         attempt, o_.rdzv_timeout_s, missing.c_str(), o_.rdzv_host.c_str(), o_.rdzv_port));
+      }
       pump(20);
-    }
-    read_node_nproc(keys);
-    return {};
-  }
-
-  Error rendezvous_timeout(int attempt, const std::vector<std::string>& keys) {
-    std::string missing;
-    for (int k = 0; k < o_.nnodes; ++k)
-      if (!guarded([&] { return store_->check({keys[k]}); })) missing += (missing.empty() ? "" : ",") + std::to_string(k);
-    return Error(strf("attempt %d: timed out after %.0f s waiting for node(s) %s at %s:%d (same --nnodes, "
-                      "--master-addr, --master-port and --run-id on every node?)",
-                      attempt, o_.rdzv_timeout_s, missing.c_str(), o_.master_addr.c_str(), port_));
-  }
-
-  // Every node's worker count from its node_<k> key; throws UsageError when nodes disagree.
-  void read_node_nproc(const std::vector<std::string>& keys) {
-    node_nproc_.assign(o_.nnodes, 0);
-    for (int k = 0; k < o_.nnodes; ++k) {
-      std::string v = guarded([&] { return store_->get(keys[k]); });
-      int nproc = 0, max_restarts = -1, nnodes = 0;
-      std::sscanf(v.c_str(), "nproc=%d max_restarts=%d nnodes=%d", &nproc, &max_restarts, &nnodes);
-      if (max_restarts != o_.max_restarts || nnodes != o_.nnodes)
-        throw UsageError(strf("node %d runs with --max-restarts %d --nnodes %d, this node with %d and %d: "
-                              "every node needs the same values",
-                              k, max_restarts, nnodes, o_.max_restarts, o_.nnodes));
-      node_nproc_[k] = nproc;
     }
   }
 
@@ -331,11 +294,11 @@ class Launcher {
     return out;
   }
 
-  static Outcome interrupted_remote(std::pair<int, int> sd) {
+  static Outcome interrupted_remote(const Poll& p) {
     Outcome out;
     out.kind = Outcome::kInterrupted;
-    out.signal = sd.first;
-    out.signal_node = sd.second;
+    out.signal = p.signal;
+    out.signal_node = p.node;
     return out;
   }
 
@@ -348,13 +311,13 @@ class Launcher {
       world += node_nproc_[k];
     }
     workers_.start(attempt, offset, world, port_);
-    log::info(strf("[launch] attempt %d: started ranks %d-%d of %d (restart count %d of max %d)", attempt, offset,
-                   offset + o_.nproc_per_node - 1, world, attempt, o_.max_restarts));
+    log::info(strf("[launch] attempt %d: started ranks %d-%d of %d, MASTER_PORT %d (restart count %d of max %d)",
+                   attempt, offset, offset + o_.nproc_per_node - 1, world, port_, attempt, o_.max_restarts));
     return monitor(attempt);
   }
 
-  // Until the attempt ends: a signal here, a failed worker here or elsewhere, a shutdown
-  // elsewhere, or every node done.
+  // Until the attempt ends: a signal here, a failed worker here or elsewhere, a STOP elsewhere, or
+  // every node done.
   Outcome monitor(int attempt) {
     const auto interval = std::chrono::microseconds(static_cast<int64_t>(o_.monitor_interval_s * 1e6));
     auto next_poll = Clock::now() + interval;
@@ -370,74 +333,59 @@ class Launcher {
         return out;
       }
       if (workers_.first_failure()) {
+        const Failure local = *workers_.first_failure();
         stop_workers(SIGTERM);
-        return failed(attempt, &*workers_.first_failure());
+        Failure first = guarded([&] { return peer_->fail(attempt, local); });
+        return failed(first.rank == local.rank && first.node == local.node ? local : first);
       }
       bool poll_now = Clock::now() >= next_poll;
       if (!done && !workers_.any_running()) {
         stop_workers(SIGTERM);  // drains output, sweeps leftover processes of the groups
         done = true;
-        guarded([&] { store_->set(key(attempt, "done_" + std::to_string(o_.node_rank)), "1"); });
+        guarded([&] { peer_->done(attempt); });
         if (o_.nnodes > 1)
           log::info(strf("[launch] attempt %d: this node's workers exited 0; waiting for the other nodes", attempt));
         poll_now = true;
       }
       if (!poll_now) continue;
       next_poll = Clock::now() + interval;
-      if (guarded([&] { return store_->check({key(attempt, "failed")}); })) {
+      Poll p = guarded([&] { return peer_->poll(attempt); });
+      if (p.kind == Poll::kFailed) {
         stop_workers(SIGTERM);
-        return failed(attempt, nullptr);
+        return failed(p.failure);
       }
-      if (auto sd = shutdown_requested()) {
-        stop_workers(sd->first);
-        return interrupted_remote(*sd);
+      if (p.kind == Poll::kStopped) {
+        stop_workers(p.signal);
+        return interrupted_remote(p);
       }
-      if (done && all_done(attempt)) return {};
+      if (p.kind == Poll::kDone) return {};
     }
   }
 
-  bool all_done(int attempt) {
-    std::vector<std::string> keys;
-    for (int k = 0; k < o_.nnodes; ++k) keys.push_back(key(attempt, "done_" + std::to_string(k)));
-    return guarded([&] { return store_->check(keys); });
-  }
-
-  // Records a failure of `attempt` (`local`: this node's first failed worker, or null when another
-  // node reported one) and returns the group's first failure as recorded in the store.
-  Outcome failed(int attempt, const Failure* local) {
+  static Outcome failed(const Failure& f) {
     Outcome out;
     out.kind = Outcome::kFailed;
-    if (local) {
-      int64_t n = guarded([&] { return store_->add(key(attempt, "failed"), 1); });
-      if (n == 1) {
-        guarded([&] { store_->set(key(attempt, "failure"), local->encode()); });
-        out.failure = *local;
-        return out;
-      }
-    }
-    auto t0 = Clock::now();
-    while (!guarded([&] { return store_->check({key(attempt, "failure")}); })) {
-      if (seconds_since(t0) > 30) throw Error(strf("attempt %d failed on another node, which did not say how", attempt));
-      pump(20);
-    }
-    out.failure = Failure::decode(guarded([&] { return store_->get(key(attempt, "failure")); }));
-    if (local && out.failure.rank == local->rank) out.failure = *local;
+    out.failure = f;
     return out;
   }
 
   void print_summary(int attempt, const Failure& f) {
     std::string s = strf("launch: worker group failed on attempt %d (restarts: %d, --max-restarts %d)\n", attempt,
                          attempt, o_.max_restarts);
-    s += strf("launch:   rank %d (node %d, local rank %d, pid %ld) %s\n", f.rank, f.node, f.local_rank, f.pid,
-              f.how().c_str());
-    if (f.node == o_.node_rank) {
+    if (f.rank < 0) {
+      s += strf("launch:   node %d's launch disconnected\n", f.node);
+    } else {
+      s += strf("launch:   rank %d (node %d, local rank %d, pid %ld) %s\n", f.rank, f.node, f.local_rank, f.pid,
+                f.how().c_str());
+    }
+    if (f.rank >= 0 && f.node == o_.node_rank) {
       std::string path = (fs::path(o_.log_dir) / o_.run_id / ("attempt_" + std::to_string(attempt)) /
                           ("rank_" + std::to_string(f.rank) + ".log"))
                              .string();
       auto lines = files::tail_lines(path, kLogTailLines);
       s += strf("launch:   last %zu line(s) of %s:\n", lines.size(), path.c_str());
       for (auto& l : lines) s += "launch:     | " + l + "\n";
-    } else {
+    } else if (f.rank >= 0) {
       s += strf("launch:   its log is rank_%d.log under attempt_%d on node %d\n", f.rank, attempt, f.node);
     }
     std::fflush(stdout);
@@ -445,10 +393,10 @@ class Launcher {
   }
 
   const Options& o_;
-  const std::string prefix_;  // "launch/<run_id>/"
-  std::unique_ptr<StoreServer> server_;  // node 0 only
-  std::unique_ptr<StoreClient> store_;
-  int port_ = 0;                 // the store's port (the chosen one with --standalone)
+  std::unique_ptr<Coordinator> coord_;  // node 0 only
+  std::unique_ptr<CoordServer> server_;  // node 0 of several
+  std::unique_ptr<Peer> peer_;
+  int port_ = 0;                 // the workers' MASTER_PORT of the current attempt
   std::vector<int> node_nproc_;  // workers per node, from the rendezvous
   std::vector<int> signals_;     // SIGINT/SIGTERM/SIGHUP received, oldest first
   WorkerGroup workers_;

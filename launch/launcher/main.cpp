@@ -4,10 +4,9 @@
 //
 //   launch [options] [--] COMMAND [ARGS...]        (`launch --help` lists the options)
 //
-// Files: options.h (command line), launcher.h (rendezvous over node 0's TCPStore, attempts,
-// restarts; the store's keys are described in launcher.cpp), store.h (the store: c10d's TCPStore
-// protocol without LibTorch, server and client), workers.h (this node's workers: environment,
-// output, stopping).
+// Files: options.h (command line), launcher.h (attempts, restarts, signals), rendezvous.h (the
+// launchers' own protocol, served by node 0's launch), workers.h (this node's workers: environment,
+// output, stopping). The workers' c10d store is theirs: rank 0 hosts it at MASTER_ADDR:MASTER_PORT.
 //
 // Logs: every worker's stdout and stderr go to this launcher's stdout and stderr, each line
 // prefixed with "[rank<r>]: ", and both (unprefixed) to LOG_DIR/<run_id>/attempt_<n>/rank_<r>.log
@@ -20,7 +19,7 @@
 // (rank, node, code or signal name, the last 10 lines of its log). 128+signal when a launcher got
 // SIGINT/SIGTERM/SIGHUP (on this or another node; forwarded to the workers, SIGKILL after the grace
 // period). 2 with one line for bad input (options, command not found, port in use on node 0).
-// 1 other runtime failures (rendezvous timeout, lost the store).
+// 1 other runtime failures (rendezvous timeout, lost node 0).
 #include <fcntl.h>
 
 #include <string>

@@ -26,6 +26,8 @@ namespace fs = std::filesystem;
 struct RawNumbers {
   std::string nproc = "1", nnodes = "1", node_rank = "0", port = "29500", restarts = "0";
   CLI::Option* run_id = nullptr;  // to tell a given --run-id from the default
+  CLI::Option* master_addr = nullptr;
+  std::string rdzv_endpoint;
 };
 
 long parse_int(const std::string& name, const std::string& s, long lo, long hi) {
@@ -65,11 +67,14 @@ void describe(CLI::App& app) {
       "torchrun's worker environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
       "GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,\n"
       "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,\n"
-      "TORCHELASTIC_USE_AGENT_STORE=True, OMP_NUM_THREADS=1 when unset and nproc > 1).\n"
+      "TORCHELASTIC_USE_AGENT_STORE=False, OMP_NUM_THREADS=1 when unset and nproc > 1); the workers'\n"
+      "rank 0 hosts the c10d store at MASTER_ADDR:MASTER_PORT, as with plain torch.distributed.\n"
       "Command line: launch [OPTIONS] [--] COMMAND [ARGS...]   (every option also takes _ for -)");
   app.footer(
       "Several nodes: run one launch per node with the same --nnodes, --master-addr, --master-port,\n"
-      "--run-id and --max-restarts and its own --node-rank; node 0 hosts the rendezvous store.\n"
+      "--run-id and --max-restarts and its own --node-rank; node 0's launch serves the launchers'\n"
+      "rendezvous at --rdzv-endpoint (default MASTER_ADDR:MASTER_PORT) and picks a free MASTER_PORT\n"
+      "for the workers of each attempt.\n"
       "Worker output: prefixed \"[rank<r>]: \" on stdout/stderr, kept in\n"
       "LOG_DIR/<run_id>/attempt_<n>/rank_<r>.log. A failed worker stops and restarts the group on\n"
       "every node, up to --max-restarts times.\n"
@@ -85,17 +90,22 @@ void add_options(CLI::App& app, Options& o, RawNumbers& raw, bool& no_python) {
       ->type_name("INT")->capture_default_str();
   app.add_option("--node-rank,--node_rank", raw.node_rank, "This node's rank, 0..nnodes-1")
       ->type_name("INT")->capture_default_str();
-  app.add_option("--master-addr,--master_addr", o.master_addr, "Address of node 0 (hosts the store)")
-      ->capture_default_str();
-  app.add_option("--master-port,--master_port", raw.port, "Port of the store on node 0")
+  raw.master_addr = app.add_option("--master-addr,--master_addr", o.master_addr,
+                                   "Address of node 0 (the workers' MASTER_ADDR)")
+                        ->capture_default_str();
+  app.add_option("--master-port,--master_port", raw.port,
+                 "One node: the workers' MASTER_PORT; several: node 0's rendezvous port (see --rdzv-endpoint)")
       ->type_name("INT")->capture_default_str();
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", raw.rdzv_endpoint,
+                 "HOST:PORT where node 0's launch serves the launchers' rendezvous (default MASTER_ADDR:MASTER_PORT)");
   app.add_option("--max-restarts,--max_restarts", raw.restarts, "Worker group restarts before failing")
       ->type_name("INT")
       ->capture_default_str();
   app.add_option("--log-dir,--log_dir", o.log_dir, "Per-rank logs: LOG_DIR/<run_id>/attempt_<n>/rank_<r>.log")
       ->capture_default_str();
   app.add_flag("--standalone", o.standalone,
-               "Single node: the store listens on a free port of 127.0.0.1 (ignores --master-addr/--master-port); "
+               "Single node: the workers get a free port of 127.0.0.1 at every attempt "
+               "(ignores --master-addr/--master-port); "
                "the run id is random unless --run-id is given");
   raw.run_id = app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
                               "Job id (TORCHELASTIC_RUN_ID), the same on every node")
@@ -105,10 +115,10 @@ void add_options(CLI::App& app, Options& o, RawNumbers& raw, bool& no_python) {
                  "Seconds between SIGTERM (or a forwarded signal) and SIGKILL when stopping workers")
       ->capture_default_str();
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval_s,
-                 "Seconds between polls of the store for other nodes' failures and completion")
+                 "Seconds between polls of node 0 for other nodes' failures and completion")
       ->capture_default_str();
   app.add_option("--rdzv-timeout,--rdzv_timeout", o.rdzv_timeout_s,
-                 "Seconds to wait for the store and for all nodes at each attempt")
+                 "Seconds to wait for node 0 and for all nodes at each attempt")
       ->capture_default_str();
   app.add_flag("--no-python,--no_python", no_python, "Accepted for torchrun compatibility (COMMAND always runs as is)");
   app.prefix_command();  // everything from COMMAND (or after --) on belongs to the command
@@ -136,7 +146,7 @@ bool parse_command_line(CLI::App& app, int argc, char** argv, Options& o) {
   return true;
 }
 
-// Checks the numbers and the combinations; --standalone picks the store address and the run id.
+// Checks the numbers and the combinations; --standalone picks the address and the run id.
 void check_options(const RawNumbers& raw, Options& o) {
   o.nproc_per_node = static_cast<int>(parse_int("--nproc-per-node", raw.nproc, 1, 1 << 16));
   if (auto colon = raw.nnodes.find(':'); colon != std::string::npos) {
@@ -160,6 +170,21 @@ void check_options(const RawNumbers& raw, Options& o) {
     }
   } else {
     o.master_port = static_cast<int>(parse_int("--master-port", raw.port, 1, 65535));
+  }
+  if (!raw.rdzv_endpoint.empty()) {
+    if (o.standalone) throw UsageError("--standalone runs one node: drop --rdzv-endpoint");
+    auto colon = raw.rdzv_endpoint.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw UsageError(strf("--rdzv-endpoint: expected HOST:PORT, got '%s'", raw.rdzv_endpoint.c_str()));
+    o.rdzv_host = raw.rdzv_endpoint.substr(0, colon);
+    if (o.rdzv_host.size() > 2 && o.rdzv_host.front() == '[' && o.rdzv_host.back() == ']')
+      o.rdzv_host = o.rdzv_host.substr(1, o.rdzv_host.size() - 2);  // [v6 address]:port
+    o.rdzv_port = static_cast<int>(parse_int("--rdzv-endpoint port", raw.rdzv_endpoint.substr(colon + 1), 1, 65535));
+    o.rdzv_from_endpoint = true;
+    if (raw.master_addr->count() == 0) o.master_addr = o.rdzv_host;  // node 0's host, for the workers too
+  } else {
+    o.rdzv_host = o.master_addr;
+    o.rdzv_port = o.master_port;
   }
   if (o.master_addr.empty()) throw UsageError("--master-addr: empty");
   if (o.run_id.empty() || o.run_id.find('/') != std::string::npos || o.run_id == "." || o.run_id == "..")

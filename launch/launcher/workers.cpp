@@ -45,6 +45,7 @@ Failure Failure::decode(const std::string& s) {
 }
 
 std::string Failure::how() const {
+  if (rank < 0) return "lost its launch (connection closed)";
   return signal ? strf("was killed by %s (exit code %d)", signal_name(signal).c_str(), code)
                 : strf("exited with code %d", code);
 }
@@ -113,7 +114,9 @@ SpawnOptions WorkerGroup::spawn_options(const Worker& w, int attempt, int world,
   so.set_env("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
   so.set_env("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
   so.set_env("TORCHELASTIC_RUN_ID", o_.run_id);
-  so.set_env("TORCHELASTIC_USE_AGENT_STORE", "True");
+  // The workers' rank 0 hosts the c10d store at MASTER_ADDR:MASTER_PORT (torchrun's c10d
+  // rendezvous says the same): no launcher serves it.
+  so.set_env("TORCHELASTIC_USE_AGENT_STORE", "False");
   // torchrun 2.x's name (2.2 renamed NCCL_ASYNC_ERROR_HANDLING; the old name warns there); the trainer
   // maps it for LibTorch 1.13.
   if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) so.set_env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");

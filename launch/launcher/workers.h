@@ -18,6 +18,7 @@
 namespace lm::launch {
 
 // A worker that failed: who, and how. Travels between nodes as text (encode/decode).
+// rank -1: node `node`'s launcher was lost, not a worker.
 struct Failure {
   int rank = -1, node = -1, local_rank = -1;
   long pid = -1;
@@ -40,8 +41,8 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Starts this node's workers of `attempt`: global ranks offset..offset+nproc-1 of `world`, the
-  // store at master_addr:`port`. Truncates their logs. Throws UsageError when COMMAND cannot be
+  // Starts this node's workers of `attempt`: global ranks offset..offset+nproc-1 of `world`, their
+  // rank 0's store at master_addr:`port`. Truncates their logs. Throws UsageError when COMMAND cannot be
   // executed (after stopping what started), Error when a log cannot be written.
   void start(int attempt, int offset, int world, int port);
 

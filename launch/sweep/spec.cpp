@@ -24,7 +24,8 @@ using Leaves = std::vector<std::pair<std::string, YAML::Node>>;
 const std::vector<std::string> kLaunchKeys = {"nproc_per_node", "max_restarts", "grace_period",
                                               "monitor_interval", "rdzv_timeout", "role"};
 const std::vector<std::string> kLaunchOwned = {"standalone", "run_id", "rdzv_id", "log_dir"};
-const std::vector<std::string> kLaunchMultiNode = {"nnodes", "node_rank", "master_addr", "master_port"};
+const std::vector<std::string> kLaunchMultiNode = {"nnodes", "node_rank", "master_addr", "master_port",
+                                                   "rdzv_endpoint"};
 
 // The top-level sections that need more than one value, by name.
 struct Sections {

@@ -10,10 +10,10 @@
 
 #include <gtest/gtest.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "common/process.h"
 #include "tests/testutil.h"
 
@@ -111,7 +112,14 @@ std::vector<std::string> lines_of(const std::string& text) {
   return v;
 }
 
-bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+// Whether `pid` still runs; a zombie does not (an orphan waits for whoever reaps it, maybe nobody).
+bool process_exists(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  auto paren = stat.rfind(')');  // "pid (comm) S ..."
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
 
 // The pids a fake worker printed ("worker rank=R local_rank=L attempt=A pid=P").
 std::map<int, pid_t> worker_pids(const std::string& out) {
@@ -151,7 +159,7 @@ TEST(Launch, EnvContractPerRank) {
     EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
     EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "2");
     EXPECT_EQ(e["TORCHELASTIC_RUN_ID"], "envrun");
-    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "False");  // the workers' rank 0 hosts their store
     EXPECT_EQ(e["OMP_NUM_THREADS"], "1");  // unset in launch's environment, 3 workers
     EXPECT_FALSE(e["MASTER_PORT"].empty());
     if (rank == 0) port = e["MASTER_PORT"];
@@ -317,17 +325,37 @@ TEST(Launch, SigintForwarded) {
 
 // ---- rendezvous -----------------------------------------------------------------------------------
 
-TEST(Launch, StandalonePicksFreePortAndHostsStore) {
+// The workers' MASTER_PORT of each attempt from the launcher's "attempt <n>: started ranks ...,
+// MASTER_PORT <p>" lines: attempt -> port.
+std::map<int, int> master_ports(const std::string& out) {
+  std::map<int, int> m;
+  for (auto& l : lines_of(out)) {
+    auto p = l.find("[launch] attempt ");
+    int attempt, a, b, world, port;
+    if (p != std::string::npos &&
+        std::sscanf(l.c_str() + p, "[launch] attempt %d: started ranks %d-%d of %d, MASTER_PORT %d", &attempt, &a, &b,
+                    &world, &port) == 5)
+      m[attempt] = port;
+  }
+  return m;
+}
+
+TEST(Launch, StandalonePicksAFreePortPerAttemptAndHostsNothing) {
   TempDir tmp;
-  auto r = launch({"--standalone", "--nproc-per-node", "2", "--log-dir", tmp / "logs", "--", kWorker, "--print-env",
-                   "--connect"});
+  auto r = launch({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", tmp / "logs", "--",
+                   kWorker, "--print-env", "--connect", "--fail-rank", "1", "--fail-attempt", "0", "--up-dir",
+                   tmp / "up", "--wait-up", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto envs = envs_by_rank(r.out);
-  int port = std::atoi(envs[0]["MASTER_PORT"].c_str());
-  EXPECT_GT(port, 0);
-  EXPECT_NE(port, 29500);
   EXPECT_EQ(envs[0]["TORCHELASTIC_RUN_ID"].size(), 16u) << "a random run id";
-  EXPECT_EQ(count(r.out, "connect ok"), 2u) << "the store listens at MASTER_ADDR:MASTER_PORT: " << r.out;
+  auto ports = master_ports(r.out);
+  ASSERT_EQ(ports.size(), 2u) << r.out;
+  EXPECT_GT(ports[0], 0);
+  EXPECT_NE(ports[0], 29500);
+  EXPECT_NE(ports[0], ports[1]) << "a new port for the restart";
+  EXPECT_EQ(envs[0]["MASTER_PORT"], std::to_string(ports[1]));
+  // The launcher listens on no port of the workers': their rank 0 hosts the store there.
+  EXPECT_EQ(count(r.out, "connect failed"), 4u) << r.out;
   // Two standalone launches at once do not collide.
   Child a = start({"--standalone", "--log-dir", tmp / "logs", "--", kWorker, "--sleep", "0.5", "--print-env"},
                   tmp / "a.out", tmp / "a.err");
@@ -341,6 +369,7 @@ TEST(Launch, StandalonePicksFreePortAndHostsStore) {
 
 // Two launch processes as node 0 and node 1 of one job over loopback.
 struct TwoNodes {
+  int rdzv_port = 0;
   Child node[2];
   int code[2] = {-1, -1};
   std::string out[2];
@@ -350,7 +379,8 @@ TwoNodes run_two_nodes(const TempDir& tmp, const std::string& run_id, const std:
                        const std::vector<std::string>& worker) {
   int port = free_port();
   TwoNodes t;
-  for (int k : {1, 0}) {  // node 1 first: it waits for node 0's store
+  t.rdzv_port = port;
+  for (int k : {1, 0}) {  // node 1 first: it waits for node 0's launch
     std::vector<std::string> args = {"--nnodes", "2", "--node-rank", std::to_string(k), "--master-addr", "127.0.0.1",
                                      "--master-port", std::to_string(port), "--run-id", run_id, "--log-dir",
                                      tmp / "logs", "--monitor-interval", "0.1", "--grace-period", "2"};
@@ -401,8 +431,9 @@ TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
   int port = free_port();
   auto common = [&](int k, int nproc) {
     return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node",
-                                    std::to_string(nproc), "--master-port", std::to_string(port), "--log-dir",
-                                    tmp / "logs", "--monitor-interval", "0.1", "--", kWorker, "--print-env"};
+                                    std::to_string(nproc), "--rdzv-endpoint", "localhost:" + std::to_string(port),
+                                    "--log-dir", tmp / "logs", "--monitor-interval", "0.1", "--", kWorker,
+                                    "--print-env"};
   };
   Child n1 = start(common(1, 2), tmp / "n1", tmp / "n1");
   Child n0 = start(common(0, 1), tmp / "n0", tmp / "n0");
@@ -415,6 +446,60 @@ TEST(Launch, TwoNodesUnevenNprocRanksWithoutGaps) {
   EXPECT_EQ(e1[1]["LOCAL_RANK"], "0");
   EXPECT_EQ(e1[2]["LOCAL_RANK"], "1");
   EXPECT_EQ(e1[2]["WORLD_SIZE"], "3");
+  // --rdzv-endpoint without --master-addr: its host is node 0's, for the workers too.
+  EXPECT_EQ(e1[2]["MASTER_ADDR"], "localhost");
+  EXPECT_EQ(e0[0]["MASTER_PORT"], e1[1]["MASTER_PORT"]);
+  EXPECT_NE(e0[0]["MASTER_PORT"], std::to_string(port));
+}
+
+// Checked to fail with HELLO not comparing --max-restarts.
+TEST(Launch, TwoNodesThatDisagreeAreRefused) {
+  TempDir tmp;
+  int port = free_port();
+  auto args = [&](int k, const std::string& restarts) {
+    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(k), "--master-port",
+                                    std::to_string(port), "--max-restarts", restarts, "--rdzv-timeout", "5",
+                                    "--log-dir", tmp / "logs", "--", kWorker};
+  };
+  Child n0 = start(args(0, "1"), tmp / "n0", tmp / "n0");
+  auto r1 = launch(args(1, "3"));
+  EXPECT_EQ(r1.exit_code, 2) << r1.out;
+  EXPECT_EQ(lines_of(r1.out).size(), 2u) << "the connecting line and one error line: " << r1.out;
+  EXPECT_NE(r1.out.find("launch: error: node 0 runs with --run-id none --nnodes 2 --max-restarts 1, this node with "
+                        "none, 2 and 3: every node needs the same values"),
+            std::string::npos)
+      << r1.out;
+  EXPECT_EQ(finish(n0, 30), 1) << read_text(tmp / "n0");
+  EXPECT_NE(read_text(tmp / "n0").find("waiting for node(s) 1"), std::string::npos) << read_text(tmp / "n0");
+}
+
+// Node 1's launcher dies (SIGKILL) mid-run: its workers die with it (PR_SET_PDEATHSIG), node 0
+// fails the attempt, stops its workers, and its restart times out waiting for node 1. Checked to
+// fail with Coordinator::lost recording no failure.
+TEST(Launch, TwoNodesLostLauncherFailsTheAttempt) {
+  TempDir tmp;
+  int port = free_port();
+  Child node[2];
+  for (int k : {0, 1})
+    node[k] = start({"--nnodes", "2", "--node-rank", std::to_string(k), "--master-port", std::to_string(port),
+                     "--max-restarts", "1", "--rdzv-timeout", "6", "--log-dir", tmp / "logs", "--monitor-interval",
+                     "0.1", "--grace-period", "2", "--", kWorker, "--sleep", "60"},
+                    tmp / ("node" + std::to_string(k)), tmp / ("node" + std::to_string(k)));
+  for (int k : {0, 1})
+    ASSERT_TRUE(wait_until_count(tmp / ("node" + std::to_string(k)), "worker rank=", 1)) << read_text(tmp / "node0");
+  auto pids = worker_pids(read_text(tmp / "node1"));
+  node[1].proc.signal(SIGKILL);
+  finish(node[1], 10);
+  EXPECT_EQ(finish(node[0], 30), 1) << read_text(tmp / "node0");
+  const std::string out = read_text(tmp / "node0");
+  EXPECT_NE(out.find("attempt 0 failed: node 1 lost its launch (connection closed)"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << out;
+  EXPECT_NE(out.find("attempt 1: timed out after 6 s waiting for node(s) 1"), std::string::npos) << out;
+  auto t0 = Clock::now();
+  for (auto& [rank, pid] : pids)
+    while (process_exists(pid) && std::chrono::duration<double>(Clock::now() - t0).count() < 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (auto& [rank, pid] : pids) EXPECT_FALSE(process_exists(pid)) << "rank " << rank << " outlived its launcher";
 }
 
 TEST(Launch, TwoNodesFailureOnOneRestartsBoth) {
@@ -433,6 +518,13 @@ TEST(Launch, TwoNodesFailureOnOneRestartsBoth) {
   EXPECT_NE(t.out[0].find("[rank0]: rank 0 got SIGTERM"), std::string::npos) << t.out[0];
   EXPECT_NE(t.out[0].find("[rank1]: rank 1 got SIGTERM"), std::string::npos) << t.out[0];
   EXPECT_NE(t.out[1].find("[rank2]: rank 2 got SIGTERM"), std::string::npos) << t.out[1];
+  // Node 0 picks the workers' MASTER_PORT of each attempt and every node uses it; a new one for
+  // the restart, and never the launchers' own port.
+  auto p0 = master_ports(t.out[0]), p1 = master_ports(t.out[1]);
+  ASSERT_EQ(p0.size(), 2u) << t.out[0];
+  EXPECT_EQ(p0, p1);
+  EXPECT_NE(p0[0], p0[1]);
+  for (auto& [attempt, port] : p0) EXPECT_NE(port, t.rdzv_port) << attempt;
 }
 
 TEST(Launch, TwoNodesPastMaxRestartsBothExitWithWorkerCode) {
@@ -488,15 +580,17 @@ TEST(Launch, RendezvousTimeoutNamesMissingNode) {
   EXPECT_NE(r.out.find("waiting for node(s) 1"), std::string::npos) << r.out;
 }
 
-// Real c10d clients: torch.distributed's env:// rendezvous in workers on two "nodes" connects to
-// the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True, prefix /worker/attempt_<n>), runs a gloo
-// all-reduce, and does so again after a restart of the whole group.
+// Real torch.distributed workers on two "nodes": env:// (rank 0 hosts the c10d store at
+// MASTER_ADDR:MASTER_PORT, the others connect), a gloo all-reduce, and again after a restart of the
+// whole group on a new port. env:// honours USE_LIBUV=0, so this runs on Debian's libuv-less torch
+// 2.x too (torchrun's own stores ask for libuv whatever USE_LIBUV says: SameVariablesAsTorchrun skips).
 TEST(Launch, RealTorchWorkersAllReduceAcrossNodesAndRestart) {
   if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed"}).exit_code != 0)
     GTEST_SKIP() << "no torch for /usr/bin/python3";
   TempDir tmp;
   write_text(tmp / "w.py",
              "import os, sys, torch, torch.distributed as dist\n"
+             "os.environ.setdefault('USE_LIBUV', '0')  # Debian's torch 2.x has no libuv (1.13 ignores it)\n"
              "dist.init_process_group('gloo')\n"
              "rank, world = dist.get_rank(), dist.get_world_size()\n"
              "t = torch.tensor([rank + 1.0])\n"
@@ -520,6 +614,42 @@ TEST(Launch, RealTorchWorkersAllReduceAcrossNodesAndRestart) {
   EXPECT_NE(t.out[0].find("attempt 0 failed: rank 1 (node 1) exited with code 3"), std::string::npos) << t.out[0];
 }
 
+// One node with a fixed --master-port: every attempt's rank 0 hosts the store on that same port.
+// Attempt 0: rank 1 fails after the all-reduce (rank 0's store served connections: the restart
+// binds the port again). Attempt 1: rank 0 fails before its store is up while rank 1 waits to
+// connect (the launcher stops rank 1). Attempt 2 succeeds. Checked to fail with a free port per
+// attempt for one node.
+TEST(Launch, RealTorchWorkersRestartOnTheSamePort) {
+  if (lm::test::run_bin("/usr/bin/python3", {"-c", "import torch.distributed"}).exit_code != 0)
+    GTEST_SKIP() << "no torch for /usr/bin/python3";
+  TempDir tmp;
+  write_text(tmp / "w.py",
+             "import os, sys, torch, torch.distributed as dist\n"
+             "attempt, rank = int(os.environ['TORCHELASTIC_RESTART_COUNT']), int(os.environ['RANK'])\n"
+             "if attempt == 1 and rank == 0: sys.exit(4)\n"
+             "os.environ.setdefault('USE_LIBUV', '0')  # Debian's torch 2.x has no libuv (1.13 ignores it)\n"
+             "dist.init_process_group('gloo')\n"
+             "t = torch.tensor([rank + 1.0])\n"
+             "dist.all_reduce(t)\n"
+             "print(f'sum={t.item()} rank={rank} attempt={attempt}', flush=True)\n"
+             "dist.destroy_process_group()\n"
+             "sys.exit(3 if attempt == 0 and rank == 1 else 0)\n");
+  const int port = free_port();
+  auto r = launch({"--nproc-per-node", "2", "--master-port", std::to_string(port), "--max-restarts", "2",
+                   "--monitor-interval", "0.1", "--grace-period", "2", "--log-dir", tmp / "logs", "--",
+                   "/usr/bin/python3", tmp / "w.py"});
+  if (r.exit_code != 0 && !lm::test::python_torch_lacks_libuv(r.out).empty())
+    GTEST_SKIP() << lm::test::python_torch_lacks_libuv(r.out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(master_ports(r.out), (std::map<int, int>{{0, port}, {1, port}, {2, port}})) << r.out;
+  for (int attempt : {0, 2})
+    for (int rank : {0, 1})
+      EXPECT_NE(r.out.find(lm::strf("[rank%d]: sum=3.0 rank=%d attempt=%d", rank, rank, attempt)), std::string::npos)
+          << r.out;
+  EXPECT_NE(r.out.find("attempt 0 failed: rank 1 (node 0) exited with code 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attempt 1 failed: rank 0 (node 0) exited with code 4"), std::string::npos) << r.out;
+}
+
 // ---- bad input --------------------------------------------------------------------------------------
 
 TEST(Launch, BadInputOneLineExit2) {
@@ -541,6 +671,9 @@ TEST(Launch, BadInputOneLineExit2) {
       {"--nproc-per-node"},                                    // CLI11: value missing
       {"--log-dir", ld, "no_such_command_xyz"},                // command not found
       {"--log-dir", "/proc/launch_test", kWorker},             // log dir not creatable
+      {"--rdzv-endpoint", "node0", kWorker},                   // no port
+      {"--rdzv-endpoint", "node0:70000", kWorker},             // port out of range
+      {"--standalone", "--rdzv-endpoint", "node0:1", kWorker}, // standalone serves nothing
   };
   std::vector<std::future<RunResult>> runs;  // in parallel
   for (auto& args : cases) runs.push_back(std::async(std::launch::async, [&args] { return launch(args); }));
@@ -577,9 +710,9 @@ TEST(Launch, PortInUseOnNode0) {
 TEST(Launch, HelpExitsZero) {
   auto r = launch({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* opt : {"--nproc-per-node,--nproc_per_node", "--nnodes", "--node-rank,--node_rank",
+  for (const char* opt : {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
                           "--master-addr", "--master-port", "--max-restarts", "--log-dir", "--standalone", "--run-id",
-                          "--grace-period", "--monitor-interval"})
+                          "--grace-period", "--monitor-interval", "--rdzv-endpoint"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
@@ -599,11 +732,14 @@ TEST(Launch, SameVariablesAsTorchrun) {
   TempDir tmp;
   write_text(tmp / "env.sh", "#!/bin/sh\nenv > \"" + tmp.path() + "/$WHO.$RANK.env\"\n");
   fs::permissions(tmp / "env.sh", fs::perms::owner_all);
-  // --redirects/--tee: torchrun 1.13's default "0" trips over Python 3.11's enum.IntFlag.
+  // torchrun's c10d rendezvous, which launch follows: the agents meet at --rdzv_endpoint and the
+  // workers' rank 0 hosts their store (TORCHELASTIC_USE_AGENT_STORE=False). --redirects/--tee:
+  // torchrun 1.13's default "0" trips over Python 3.11's enum.IntFlag.
   auto tr = lm::test::run_bin("/usr/bin/env", {"-i", "PATH=/usr/bin:/bin", "WHO=torchrun", "/usr/bin/python3", "-m",
-                                               "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                                               std::to_string(free_port()), "--monitor_interval", "0.2",
-                                               "--redirects", "1:1", "--tee", "1:1", "--no_python", tmp / "env.sh"});
+                                               "torch.distributed.run", "--nproc_per_node", "2", "--rdzv_backend",
+                                               "c10d", "--rdzv_endpoint", "127.0.0.1:" + std::to_string(free_port()),
+                                               "--rdzv_id", "none", "--monitor_interval", "0.2", "--redirects", "1:1",
+                                               "--tee", "1:1", "--no_python", tmp / "env.sh"});
   if (tr.exit_code != 0 && !lm::test::python_torch_lacks_libuv(tr.out).empty())
     GTEST_SKIP() << lm::test::python_torch_lacks_libuv(tr.out);
   ASSERT_EQ(tr.exit_code, 0) << tr.out;
@@ -622,7 +758,8 @@ TEST(Launch, SameVariablesAsTorchrun) {
     auto mine = added_names(tmp / ("launch." + std::to_string(rank) + ".env"));
     EXPECT_EQ(mine, theirs) << "rank " << rank;
     EXPECT_TRUE(mine.count("TORCHELASTIC_USE_AGENT_STORE")) << "rank " << rank;
-    // Values that do not depend on ports or temp dirs agree too.
+    // Values that do not depend on ports, host names or temp dirs agree too (torchrun's c10d
+    // rendezvous gives the workers node 0's host name as MASTER_ADDR; launch --master-addr's value).
     auto values = [](const std::string& file) {
       std::map<std::string, std::string> m;
       for (auto& l : lines_of(read_text(file))) m[l.substr(0, l.find('='))] = l.substr(l.find('=') + 1);
@@ -631,10 +768,12 @@ TEST(Launch, SameVariablesAsTorchrun) {
     auto tv = values(tmp / ("torchrun." + std::to_string(rank) + ".env"));
     auto mv = values(tmp / ("launch." + std::to_string(rank) + ".env"));
     for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                          "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT",
+                          "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
                           "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
                           "OMP_NUM_THREADS"})
       EXPECT_EQ(mv[k], tv[k]) << k << " rank " << rank;
+    EXPECT_EQ(mv["TORCHELASTIC_USE_AGENT_STORE"], "False") << "rank " << rank;
+    EXPECT_EQ(mv["MASTER_ADDR"], "127.0.0.1") << "rank " << rank;
     EXPECT_EQ(mv["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1") << "rank " << rank;
   }
 }

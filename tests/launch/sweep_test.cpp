@@ -188,6 +188,7 @@ TEST_F(Sweep, BadSweepFilesAndRunConfigsExit2BeforeAnyRun) {
       {b + "seeds: [1, x]\n", "run seed=x: override 'run.seed=x'"},
       {b + "seeds: [1]\nlaunch: {nproc_per_nod: 2}\n", "did you mean 'nproc_per_node'?"},
       {b + "seeds: [1]\nlaunch: {nnodes: 2}\n", "multi-node sweeps are not supported"},
+      {b + "seeds: [1]\nlaunch: {rdzv-endpoint: \"h:1\"}\n", "multi-node sweeps are not supported"},
       {b + "seeds: [1]\n---\ngrid: {optim.lr: [1e-3]}\n", "sweep.yaml:4: a second YAML document ('---'); a sweep file holds one document"},
   };
   for (auto& c : cases) {

@@ -3,10 +3,10 @@
 //
 // Launch contract (LaunchEnv::from_environment, the only reader of these variables):
 //   torchrun / build/bin/launch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-//     MASTER_PORT, TORCHELASTIC_RESTART_COUNT; with TORCHELASTIC_USE_AGENT_STORE=True the launcher
-//     hosts the TCPStore and every rank (rank 0 included) connects as a client under the prefix
-//     /worker/attempt_<restart count>, as real torchrun's static rendezvous does; otherwise rank 0
-//     hosts it.
+//     MASTER_PORT, TORCHELASTIC_RESTART_COUNT. Rank 0 hosts the c10d TCPStore at MASTER_ADDR:MASTER_PORT and
+//     the others connect (TORCHELASTIC_USE_AGENT_STORE=False or unset: build/bin/launch, torchrun's c10d
+//     rendezvous); with TORCHELASTIC_USE_AGENT_STORE=True (torchrun's static rendezvous) torchrun's agent hosts
+//     it and every rank connects as a client under the prefix /worker/attempt_<restart count>.
 //   Slurm (srun), when RANK is unset: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 //     SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE; MASTER_ADDR (else the first host of
 //     SLURM_JOB_NODELIST) and MASTER_PORT (else 29500).
