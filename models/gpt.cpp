@@ -61,7 +61,11 @@ void GPTImpl::init_weights() {
     } else {
       bool resid = name.find(".proj.weight") != std::string::npos ||
                    name.find(".fc2.weight") != std::string::npos;
-      t.normal_(0.0, resid ? resid_std : std);
+      // torch::nn::init::normal_ is t.normal_(mean, std) inside LibTorch: called here, g++ 14 warned
+      // (-Wmaybe-uninitialized, an error under LM_WERROR) about the std::optional<at::Generator>
+      // default argument the inlined Tensor::normal_ destroys (LibTorch 2.6, in the unity TU). The
+      // same draws either way.
+      torch::nn::init::normal_(t, 0.0, resid ? resid_std : std);
     }
   }
 }
