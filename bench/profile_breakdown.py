@@ -154,18 +154,8 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--compare":
         return compare(sys.argv[2:])
     trace, steps, step_ms, flops, roof = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-    data = json.load(open(trace))
-    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data)
-              if e.get("ph") == "X" and e.get("cat", "cpu_op") in CPU_OP_CATEGORIES]
-    selfs = self_times(events)
-    span_us = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
-    per_cat = collections.Counter()
-    for name, us in selfs.items():
-        per_cat[category(name)] += us
-    profiled_step_ms = span_us / 1e3 / steps
-    cat_ms = {c: us / 1e3 / steps for c, us in per_cat.items()}
-    # Time inside no op: the trainer's own loops (fused AdamW, clipping, zeroing), the loader hand-off.
-    cat_ms["no_op"] = max(0.0, profiled_step_ms - sum(cat_ms.values()))
+    # no_op: time inside no op (the trainer's own loops: fused AdamW, clipping, zeroing; the loader hand-off).
+    profiled_step_ms, cat_ms, op_ms = breakdown(trace, steps)
     # The fused attention's time counts as matmul time here (its products are most of it), so the
     # kernels' FLOP/s below is a lower bound when it runs.
     mm_ms = cat_ms.get("matmul", 0.0) + cat_ms.get("attention_fused", 0.0)
@@ -175,7 +165,7 @@ def main():
         "matmul_kernels_gflops": round(flops / (mm_ms / 1e3) / 1e9, 1) if mm_ms else None,
         "matmul_kernels_over_roof": round(flops / (mm_ms / 1e3) / roof, 3) if mm_ms else None,
         "step_over_roof": round(flops / (step_ms / 1e3) / roof, 3),
-        "top_ops_ms_per_step": {n: round(us / 1e3 / steps, 2) for n, us in selfs.most_common(12)},
+        "top_ops_ms_per_step": {n: round(ms, 2) for n, ms in collections.Counter(op_ms).most_common(12)},
     }))
 
 
