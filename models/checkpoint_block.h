@@ -14,7 +14,7 @@ namespace lm {
 // block's activations): block runs under NoGradGuard, and the backward runs block(x) again with grad
 // enabled and backpropagates through it, returning x's gradient and the parameters' gradients,
 // which autograd accumulates into their .grad as it does without checkpointing (their
-// AccumulateGrad nodes run, post-hooks and all: trainer/ddp/grad_sync.cpp).
+// AccumulateGrad nodes run, post-hooks and all: trainer/parallel/grad_sync.cpp).
 // The rerun computes the same bits as the first run: it starts from the default generators' states
 // of the first run (CPU; and x's CUDA device), set for the rerun and restored after it to their
 // states when the backward began (later draws are unaffected), and under the autocast state

@@ -135,6 +135,10 @@ void describe(Schema& s, ExperimentConfig& c) {
 
 // The optimizer, schedule, training and checkpoint keys.
 void describe_training(Schema& s, ExperimentConfig& c) {
+  std::vector<std::string> optimizers;
+  for (const auto& k : optimizer_kinds()) optimizers.push_back(k.name);
+  s.choice("optim.name", &c.optim.name, "the optimizer (trainer/optim/optimizer.h): adamw = AdamW with decoupled weight "
+           "decay, as torch.optim.AdamW", optimizers);
   s.number("optim.lr", &c.optim.lr, "peak learning rate (after warmup)", 0, true);
   s.number("optim.beta1", &c.optim.beta1, "AdamW first-moment decay", 0, false, 1, true);
   s.number("optim.beta2", &c.optim.beta2, "AdamW second-moment decay", 0, false, 1, true);
@@ -210,14 +214,7 @@ void describe_training(Schema& s, ExperimentConfig& c) {
 
 // The distributed, logging, anomaly and evaluation keys.
 void describe_telemetry(Schema& s, ExperimentConfig& c) {
-  s.choice("dist.backend", &c.dist.backend, "process group backend; auto = nccl on CUDA, gloo on CPU, at world size > 1; "
-           "a named one also at world size 1", {"auto", "nccl", "gloo"});
-  s.number("dist.timeout_s", &c.dist.timeout_s, "seconds after which the rendezvous or any collective fails", 0, true);
-  s.number("dist.bucket_mb", &c.dist.bucket_mb, "gradient all-reduce bucket size in MB (10^6 bytes)", 0, true);
-  s.integer("dist.zero", &c.dist.zero, "1 = ZeRO-1: each rank keeps the AdamW moments of its piece of every gradient "
-            "bucket only (1/world_size of them), gradients reduce-scattered (NCCL) or all-reduced (Gloo), each rank "
-            "steps its pieces, the weights all-gathered; checkpoints hold one optimizer shard per rank and resume at "
-            "any world size; 0 = every rank keeps them all (no effect at world size 1)", 0, 1);
+  describe_dist(s, c.dist);  // trainer/parallel/dist_config.cpp
 
   s.integer("log.every_steps", &c.log.every_steps, "a console line, metrics.jsonl and TensorBoard record every N steps", 1);
   s.number("log.peak_tflops", &c.log.peak_tflops, "per-device peak TFLOP/s for MFU; 0 = the datasheet peak of a "

@@ -16,7 +16,7 @@
 #include "data/loader/data_config.h"
 #include "models/model_config.h"
 #include "trainer/checkpoint/checkpoint_config.h"
-#include "trainer/ddp/dist_config.h"
+#include "trainer/parallel/dist_config.h"
 #include "trainer/optim/optim_config.h"
 #include "trainer/train_config.h"
 

@@ -8,7 +8,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/remote/store.h"
-#include "trainer/ddp/process_group.h"
+#include "trainer/parallel/process_group.h"
 
 namespace lm {
 

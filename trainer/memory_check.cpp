@@ -4,6 +4,8 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "models/registry.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/parallel/parallel.h"
 #include "trainer/runtime/device.h"
 
 namespace lm {
@@ -14,9 +16,10 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool 
   const double V = static_cast<double>(vocab), B = static_cast<double>(cfg.train.micro_batch_size);
   const double n = static_cast<double>(param_count(m, vocab));  // what the module builds, per architecture
   MemoryEstimate e;
-  e.params = 4 * n;
-  const double moments = cfg.dist.zero1(world_size) ? 8 * n / world_size : 8 * n;  // ZeRO-1: this rank's part
-  e.optimizer = (cfg.train.ema_decay > 0 ? 8 : 4) * n + moments;
+  // What a rank keeps of the weights, gradients and optimizer state: the parallelism's answer.
+  const RankBytes kept = rank_bytes(cfg.dist, world_size, n, optimizer_state_bytes_per_param(cfg.optim));
+  e.params = kept.weights;
+  e.optimizer = kept.grads + kept.optimizer + (cfg.train.ema_decay > 0 ? 4 * n : 0);
   const double value_bytes = cfg.train.bf16() ? 2 : 4;
   // The logits: fp32 values, their fp32 copy's gradient and the loss's (3 B*T*V*4); the fused head + loss
   // keeps the probabilities in the compute dtype, its gradient written into them, beside the logits
@@ -28,7 +31,7 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool 
   // the backward).
   const double input = B * T * static_cast<double>(m.d_model) * (cfg.train.bf16() && cfg.train.bf16_residual ? 2 : 4);
   e.activations = (cfg.train.checkpoint_blocks() ? L * input + block : L * block) + logits;
-  if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - 4 * n;  // all but the gradients
+  if (cfg.checkpoint.async) e.staging = e.params + e.optimizer - kept.grads;  // all but the gradients
   return e;
 }
 

@@ -19,7 +19,8 @@ struct MemoryEstimate {
   double total() const { return params + optimizer + activations + staging; }
 };
 
-// Parameters 4N, gradients 4N, AdamW 8N, EMA 4N (N: the parameters model.arch builds,
+// Parameters 4N, gradients 4N, the optimizer's state (AdamW 8N: optimizer_kinds()), EMA 4N, each as
+// much as the parallelism keeps on a rank (rank_bytes, trainer/parallel/parallel.h) (N: the parameters model.arch builds,
 // models/registry.h param_count: GQA, the SwiGLU width, an untied head counted); activations per
 // layer ~ B*T*(34d + 5*H*T) 16-bit values for gpt (Korthikanti et al., 2022), the same count of
 // llama's tensors for llama (memory_check.cpp), doubled for fp32, plus 3 B*T*V fp32 values for
@@ -28,9 +29,7 @@ struct MemoryEstimate {
 // input per layer (fp32, bf16 under train.bf16_residual) and one layer's activations instead of L
 // layers'; with async checkpoints,
 // the staging buffer (12N, 16N with EMA; in host memory, counted against a CPU device only,
-// allocated at start). Under ZeRO-1 (dist.zero: 1 at world_size > 1) a rank keeps 1/world_size of
-// the AdamW moments (8N/world_size; the weights, gradients and EMA stay whole), and stages its own
-// part of them. An estimate, not a bound.
+// allocated at start), a rank staging what it keeps. An estimate, not a bound.
 MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool cuda = false, int world_size = 1);
 
 // Throws ConfigError naming the estimate and the memory available when the estimate exceeds it

@@ -12,7 +12,7 @@
 namespace lm {
 
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, int rank, int world) {
+                             RngStreams& rng, Comm* comm, int rank, int world) {
   // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
   const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
@@ -39,8 +39,8 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                    cfg.train.activation_checkpointing.c_str()));
   }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
-  if (cfg.dist.zero1(world)) m.zero = ZeroLayout{plan_buckets(*m.flat, cfg.dist.bucket_mb), rank, world};
-  m.opt = std::make_unique<AdamW>(*m.flat, cfg.optim, m.zero ? std::make_optional(m.zero->owned()) : std::nullopt);
+  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world});
+  m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
   if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
   m.params = m.model->num_params();

@@ -12,8 +12,8 @@
 
 #include "models/lm.h"
 #include "trainer/config.h"
-#include "trainer/ddp/zero.h"
-#include "trainer/optim/adamw.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/parallel/parallel.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/rng.h"
 
@@ -22,9 +22,9 @@ namespace lm {
 struct ModelParts {
   LM model{nullptr};
   std::unique_ptr<FlatParams> flat;
-  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Parallelism> parallel;  // how the ranks share the work (dist:, trainer/parallel/)
+  std::unique_ptr<Optimizer> opt;         // over the ranges `parallel` gives this rank
   std::unique_ptr<Ema> ema;  // null when train.ema_decay is 0
-  std::optional<ZeroLayout> zero;  // dist.zero: 1 at world size > 1: the pieces AdamW owns
   int64_t params = 0;
   double flops_per_token = 0;  // at model.seq_len (models/registry.h)
 
@@ -37,10 +37,11 @@ struct ModelParts {
   void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
 };
 
-// vocab: the padded vocabulary; data_vocab: the data's (for the log line). With dist.zero: 1 at
-// world size > 1, AdamW is built over this rank's pieces of the gradient buckets (zero.h). Throws ConfigError for
-// optim.fused, optim.free_grads or optim.clip_in_step (resolve_grad_path) before building anything.
+// vocab: the padded vocabulary; data_vocab: the data's (for the log line). comm: the run's process
+// group (nullptr: none). The optimizer is built over the ranges of the flat parameters the
+// parallelism gives this rank. Throws ConfigError for optim.fused, optim.free_grads or
+// optim.clip_in_step (resolve_grad_path) before building anything.
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, int rank, int world);
+                             RngStreams& rng, Comm* comm, int rank, int world);
 
 }  // namespace lm

@@ -5,7 +5,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "models/registry.h"
-#include "trainer/ddp/process_group.h"
+#include "trainer/parallel/process_group.h"
 #include "trainer/run_dir.h"
 
 namespace lm {

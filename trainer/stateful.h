@@ -18,7 +18,7 @@ namespace lm {
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // One component's state: small values as JSON, tensors by name (either may be empty). A sharded
-// component (each rank saves its own part of it: the ZeRO-1 optimizer) gets back every part the
+// component (each rank saves its own part of it: an optimizer the parallelism shards) gets back every part the
 // run that saved it wrote, as `shards`: each call reads one part's tensors, so a rank holds one
 // part at a time while it keeps what it needs (the world size may have changed).
 struct ComponentState {

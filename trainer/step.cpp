@@ -44,7 +44,7 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     auto& b = batches[m];
     auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
     auto y = uploader_.upload(b.targets, b.rows, b.cols);
-    if (p_.grad_sync) p_.grad_sync->begin(m == accum - 1);
+    p_.parallel->before_backward(m == accum - 1);
     if (bf16_) compat::set_autocast(p_.device, true);
     // optim.z_loss 0: terms.z undefined and terms.ce is loss_sum(), the one loss back-propagated as before.
     auto terms = b.rows > 0 ? p_.model->loss_terms(x, y) : LossTerms{torch::zeros({}, on_device), {}};
@@ -56,16 +56,16 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     loss_sum += loss.detach();
     if (terms.z.defined()) z_sum += terms.z.detach();
   }
-  if (p_.grad_sync) p_.grad_sync->finish(step + 1);
-  const auto norm = p_.zero ? p_.zero->grad_norm(step + 1) : torch::Tensor();  // ZeRO-1 with reduce-scatter: from the pieces
+  p_.parallel->after_backward(step + 1);
+  const auto norm = p_.parallel->grad_norm(step + 1);  // undefined: taken from the flat gradients
   *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip, norm).to(torch::kDouble)});
   if (cfg.optim.z_loss > 0) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
   return mine;
 }
 
-StepUpdate::StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world, ZeroShards* zero)
-    : anomaly_(anomaly), opt_(opt), ema_(ema), zero_(zero),
-      deferred_(opt.fused() && world == 1 &&
+StepUpdate::StepUpdate(const AnomalyConfig& anomaly, Optimizer& opt, Ema* ema, int world, Parallelism& parallel)
+    : anomaly_(anomaly), opt_(opt), ema_(ema), parallel_(parallel),
+      deferred_(opt.gated_on_device() && world == 1 &&
                 (anomaly.continues() || (anomaly.skips() && anomaly.spike_factor <= 0))) {
   if (deferred_) log::info("step results read one step late: the device skips non-finite steps, no spike skips");
 }
@@ -87,7 +87,7 @@ void StepUpdate::update(const std::string& anomaly, double loss, double grad_nor
   if (deferred_) return;
   if (anomaly.empty() || (anomaly_.continues() && std::isfinite(loss) && std::isfinite(grad_norm))) {
     opt_.step(lr);
-    if (zero_) zero_->gather_params();  // every rank's updated pieces, before the EMA reads them
+    parallel_.after_update();  // e.g. every rank's updated pieces, before the EMA reads them
     if (ema_) ema_->update();
   }
 }

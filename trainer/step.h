@@ -1,6 +1,6 @@
 // One optimizer step: its device work (ForwardBackward: the step's micro-batches from the loader,
-// forward and backward with bf16 autocast where on, gradients summed over the ranks by GradSync and
-// clipped) and its update (StepUpdate: the optimizer and the EMA, decided on the host after the
+// forward and backward with bf16 autocast where on, gradients reduced over the ranks as the
+// parallelism does it (trainer/parallel/parallel.h) and clipped) and its update (StepUpdate: the optimizer and the EMA, decided on the host after the
 // anomaly check, or gated on the device with the host reading the step's results one step late).
 // What the loop decides from the results (the anomaly check, saves, stops, records) stays in the loop.
 #pragma once
@@ -15,10 +15,9 @@
 #include "data/loader/loader.h"
 #include "models/lm.h"
 #include "trainer/config.h"
-#include "trainer/ddp/grad_sync.h"
-#include "trainer/ddp/step_stats.h"
-#include "trainer/ddp/zero.h"
-#include "trainer/optim/adamw.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/parallel/parallel.h"
+#include "trainer/parallel/step_stats.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/source_tokens.h"
@@ -27,7 +26,7 @@ namespace lm {
 
 class ForwardBackward {
  public:
-  // Everything it reads or writes; each outlives it. comm and grad_sync: nullptr on one rank.
+  // Everything it reads or writes; each outlives it. comm: nullptr on one rank.
   struct Parts {
     const ExperimentConfig* cfg;
     LM model;
@@ -35,8 +34,7 @@ class ForwardBackward {
     data::Loader* loader;
     SourceTokens* source_tokens;
     Comm* comm;
-    GradSync* grad_sync;
-    ZeroShards* zero;  // ZeRO-1, or nullptr
+    Parallelism* parallel;
     torch::Device device;
     int world;
     int64_t vocab;
@@ -77,8 +75,8 @@ struct StepResult {
 // updates after the anomaly check (update()).
 class StepUpdate {
  public:
-  // zero (ZeRO-1, or nullptr): the updated pieces of the weights are all-gathered after each update.
-  StepUpdate(const AnomalyConfig& anomaly, AdamW& opt, Ema* ema, int world, ZeroShards* zero = nullptr);
+  // parallel: told after each update (parallel.h after_update).
+  StepUpdate(const AnomalyConfig& anomaly, Optimizer& opt, Ema* ema, int world, Parallelism& parallel);
   bool deferred() const { return deferred_; }
   // The step's results; where deferred() the update is queued on the device first. stats: as
   // ForwardBackward::run fills it.
@@ -93,9 +91,9 @@ class StepUpdate {
 
  private:
   const AnomalyConfig& anomaly_;
-  AdamW& opt_;
+  Optimizer& opt_;
   Ema* ema_;
-  ZeroShards* zero_;
+  Parallelism& parallel_;
   bool deferred_;
   std::unique_ptr<StepResult> pending_;
 };

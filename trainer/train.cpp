@@ -23,14 +23,12 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/hf_dir.h"
 #include "trainer/checkpoint/state.h"
-#include "trainer/ddp/grad_sync.h"
-#include "trainer/ddp/launch_env.h"
-#include "trainer/ddp/step_stats.h"
-#include "trainer/ddp/zero.h"
+#include "trainer/parallel/launch_env.h"
+#include "trainer/parallel/parallel.h"
+#include "trainer/parallel/step_stats.h"
 #include "trainer/evaluate.h"
 #include "trainer/memory_check.h"
 #include "trainer/model_parts.h"
-#include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
 #include "trainer/resume.h"
@@ -109,14 +107,12 @@ class Trainer {
     log::info(describe_runtime(device_, world_));
     if (!resume_.dir.empty())
       log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, resumed.load_ms));
-    if (comm_) grad_sync_ = start_data_parallel(*comm_, *m_.flat, *m_.model, cfg.dist.bucket_mb, zero_.get());
-    if (zero_) log::info(zero_->describe(m_.opt->state_bytes()));
-    else log::info(strf("optimizer state %.1f MB: the AdamW moments of every weight%s", m_.opt->state_bytes() / 1e6,
-                        world_ > 1 ? ", on every rank (dist.zero: 1 shards them)" : ""));
+    m_.parallel->start();
+    log::info(m_.parallel->describe(m_.opt->state_bytes(), m_.opt->state_name()));
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
-        &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), grad_sync_.get(), zero_.get(),
-        device_, world_, vocab_});
-    update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, zero_.get());
+        &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), m_.parallel.get(), device_,
+        world_, vocab_});
+    update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, *m_.parallel);
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
     telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_),
                                gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token,
@@ -190,8 +186,7 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     configure_math(cfg_.train, device_);
-    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_, world_);
-    if (m_.zero) zero_ = std::make_unique<ZeroShards>(*comm_, *m_.flat, *m_.zero);
+    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, comm_.get(), rank_, world_);
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -203,7 +198,7 @@ class Trainer {
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
     m_.set_fence(ckpt_.get());
     state_.add(k::kModel, S::kReplicated, *model_state_);
-    state_.add(k::kOptimizer, m_.opt->sharded() ? S::kSharded : S::kReplicated, *m_.opt);  // ZeRO-1: a part per rank
+    state_.add(k::kOptimizer, m_.parallel->shards_optimizer() ? S::kSharded : S::kReplicated, *m_.opt);
     if (m_.ema) state_.add(k::kEma, S::kReplicated, *m_.ema, /*optional=*/true);
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
@@ -347,7 +342,7 @@ class Trainer {
   std::unique_ptr<Evaluator> eval_;
   int64_t vocab_ = 0;  // padded
   // Model and state.
-  ModelParts m_;  // model, flat parameters, AdamW, EMA
+  ModelParts m_;  // model, flat parameters, parallelism, optimizer, EMA
   RngStreams rng_;
   Progress progress_;
   LrSchedule schedule_;
@@ -356,8 +351,6 @@ class Trainer {
   StateRegistry state_;
   // Distributed, checkpoints, telemetry.
   std::unique_ptr<Comm> comm_;
-  std::unique_ptr<GradSync> grad_sync_;
-  std::unique_ptr<ZeroShards> zero_;  // dist.zero: 1 at world size > 1
   std::unique_ptr<Checkpointer> ckpt_;
   ResumePoint resume_;
   RunTelemetry telemetry_;

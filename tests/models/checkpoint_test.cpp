@@ -149,7 +149,7 @@ TEST(ActivationCheckpointing, Bf16AutocastIsBitIdentical) {
     }
 }
 
-// The post-hooks on the parameters' AccumulateGrad nodes (trainer/ddp/grad_sync.cpp launches its
+// The post-hooks on the parameters' AccumulateGrad nodes (trainer/parallel/grad_sync.cpp launches its
 // all-reduces from them) fire once per parameter and backward, with the gradient as the node's
 // input (it went through autograd's accumulation) and in .grad when they fire.
 struct AcCountHook : torch::autograd::FunctionPostHook {

@@ -93,7 +93,7 @@ TEST_F(ActCkptE2E, Bf16BlockEqualsNone) {
 }
 
 // Two ranks over Gloo, several gradient buckets: the all-reduces launched from the parameters'
-// AccumulateGrad hooks (trainer/ddp/grad_sync.cpp) as the checkpointed blocks' gradients arrive.
+// AccumulateGrad hooks (trainer/parallel/grad_sync.cpp) as the checkpointed blocks' gradients arrive.
 TEST_F(ActCkptE2E, TwoRanksGlooBlockEqualsNone) {
   ac_expect_block_equals_none(data_, "configs/tiny.yaml",
                               {"model.dropout=0.1", "train.micro_batch_size=4", "dist.bucket_mb=0.05", "dist.timeout_s=60"}, 6,

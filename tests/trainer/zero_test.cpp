@@ -13,7 +13,7 @@
 #include "common/torch/compat.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/ddp/zero.h"
+#include "trainer/parallel/zero1.h"
 #include "trainer/optim/adamw.h"
 
 namespace lm {

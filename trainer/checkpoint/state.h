@@ -6,7 +6,7 @@
 // Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
 //   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
 //   <key>.part_<r>.safetensors  rank r's part of a sharded component's tensors (the
-//                      ZeRO-1 optimizer; its values in state.json)                    every rank
+//                      optimizer a parallelism shards; values in state.json)        every rank
 //   state.json         {"magic", "version", "step", "world_size", "run": {...},
 //                       "components": {<key>: <values>}} for the replicated components  rank 0
 //   rank_<r>.json      {"rank", "components": {<key>: <values>}} for the per-rank ones  every rank
@@ -73,7 +73,7 @@ class StateRegistry {
   // kReplicated: the same on every rank. kPerRank: each rank's own; a rank the checkpoint has none
   // for (the world grew) gets rank 0's (the loader: its cursor is global). kOwnRank: each rank's
   // own or nothing: a rank that would get another rank's is handed nullptr (the RNG streams).
-  // kSharded: one state cut into parts, each rank saving its own (the ZeRO-1 optimizer); every
+  // kSharded: one state cut into parts, each rank saving its own (an optimizer the parallelism shards); every
   // rank is handed every part (ComponentState::shards) and keeps what it owns now, at any world
   // size. A replicated state and a sharded one load into either kind of component.
   enum class Scope { kReplicated, kPerRank, kOwnRank, kSharded };

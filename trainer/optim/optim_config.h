@@ -5,10 +5,24 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lm {
 
+// The optimizers optim.name takes, torch-free (the config checks the name, the memory check reads the
+// bytes): each one's name and the bytes of state it keeps per parameter. Its class is made by
+// make_optimizer (optimizer.cpp).
+struct OptimizerKind {
+  const char* name;
+  double state_bytes_per_param;
+};
+inline const std::vector<OptimizerKind>& optimizer_kinds() {
+  static const std::vector<OptimizerKind> kinds = {{"adamw", 8}};  // AdamW: two fp32 moments
+  return kinds;
+}
+
 struct OptimConfig {
+  std::string name = "adamw";  // optimizer_kinds()
   double lr = 3e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -29,6 +43,14 @@ struct OptimConfig {
   // apart (metrics.jsonl "z_loss"); 0 = off, the loss path exactly as without it.
   double z_loss = 0;
 };
+
+// Bytes of state per parameter the optimizer optim.name keeps (the memory check, before anything is
+// built).
+inline double optimizer_state_bytes_per_param(const OptimConfig& c) {
+  for (const auto& k : optimizer_kinds())
+    if (c.name == k.name) return k.state_bytes_per_param;
+  return 0;  // the config loader refuses an unknown name first
+}
 
 struct ScheduleConfig {
   std::string kind = "cosine";  // cosine | linear | constant | wsd (warmup, stable, decay)

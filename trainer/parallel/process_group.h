@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "trainer/ddp/dist_config.h"
-#include "trainer/ddp/launch_env.h"
+#include "trainer/parallel/dist_config.h"
+#include "trainer/parallel/launch_env.h"
 
 namespace lm {
 

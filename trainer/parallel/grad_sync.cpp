@@ -1,5 +1,5 @@
 // Bucketed gradient all-reduce (see grad_sync.h).
-#include "trainer/ddp/grad_sync.h"
+#include "trainer/parallel/grad_sync.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -7,8 +7,6 @@
 
 #include "common/errors.h"
 #include "common/log.h"
-#include "trainer/ddp/zero.h"
-#include "trainer/optim/adamw.h"
 
 namespace lm {
 
@@ -24,10 +22,23 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 };
 }  // namespace
 
-GradSync::GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb, const ZeroShards* zero)
-    : comm_(comm), flat_(flat), zero_(zero) {
+std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb) {
+  const int64_t elem = static_cast<int64_t>(flat.params().element_size());
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / elem));
+  std::vector<FlatRange> buckets;
+  for (const auto& e : flat.entries()) {
+    if (buckets.empty() || buckets.back().numel + e.numel > cap) buckets.push_back({e.offset, 0});
+    buckets.back().numel += e.numel;
+  }
+  return buckets;
+}
+
+GradSync::GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, std::vector<FlatRange> buckets, Reduce reduce,
+                   std::string what)
+    : comm_(comm), flat_(flat), reduce_(std::move(reduce)), what_(std::move(what)) {
+  if (!reduce_) reduce_ = [this](size_t, torch::Tensor g) { return std::vector{comm_.all_reduce_async(g)}; };
   const auto& entries = flat.entries();
-  for (const auto& b : plan_buckets(flat, bucket_mb)) buckets_.push_back({b.offset, b.numel, 0, 0, nullptr, nullptr});
+  for (const auto& b : buckets) buckets_.push_back({b.offset, b.numel, 0, 0, {}});
   for (size_t i = 0, b = 0; i < entries.size(); ++i) {
     while (entries[i].offset >= buckets_[b].offset + buckets_[b].numel) ++b;
     ++buckets_[b].pending_total;
@@ -51,7 +62,7 @@ GradSync::~GradSync() {
 void GradSync::begin(bool sync) {
   active_ = sync;
   next_launch_ = 0;
-  for (auto& b : buckets_) b.pending = b.pending_total, b.work = nullptr, b.tail = nullptr;
+  for (auto& b : buckets_) b.pending = b.pending_total, b.work.clear();
 }
 
 void GradSync::ready(size_t entry) {
@@ -64,17 +75,7 @@ void GradSync::launch_ready_in_order() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     const size_t i = next_launch_++;
     auto& b = buckets_[i];
-    auto grads = flat_.grads().narrow(0, b.offset, b.numel);
-    if (!zero_ || !zero_->reduce_scatter()) {
-      b.work = comm_.all_reduce_async(grads);
-      continue;
-    }
-    // ZeRO-1: the first world*s values reduce-scattered in place (rank r's sums land on its piece),
-    // the fewer than `world` left over all-reduced.
-    const auto& layout = zero_->layout();
-    const int64_t s = layout.piece_size(i), main = s * layout.world;
-    if (s > 0) b.work = comm_.reduce_scatter_async(grads.narrow(0, 0, main), grads.narrow(0, layout.rank * s, s));
-    if (main < b.numel) b.tail = comm_.all_reduce_async(grads.narrow(0, main, b.numel - main));
+    b.work = reduce_(i, flat_.grads().narrow(0, b.offset, b.numel));
   }
 }
 
@@ -86,22 +87,12 @@ void GradSync::finish(int64_t step) {
   }
   for (auto& b : buckets_) b.pending = 0;  // parameters that got no gradient this step
   launch_ready_in_order();
-  const char* what = zero_ && zero_->reduce_scatter() ? "reduce-scatter" : "all-reduce";
   for (size_t i = 0; i < buckets_.size(); ++i)
-    for (auto* w : {&buckets_[i].work, &buckets_[i].tail})
-      if (*w)
-        comm_.wait(*w, strf("%s of gradient bucket %zu/%zu at step %lld", w == &buckets_[i].tail ? "all-reduce" : what,
-                            i + 1, buckets_.size(), static_cast<long long>(step)));
+    for (auto& w : buckets_[i].work)
+      if (w)
+        comm_.wait(w, strf("%s of gradient bucket %zu/%zu at step %lld", what_.c_str(), i + 1, buckets_.size(),
+                           static_cast<long long>(step)));
   active_ = false;
-}
-
-std::unique_ptr<GradSync> start_data_parallel(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb,
-                                              const ZeroShards* zero) {
-  comm.broadcast(flat.params(), 0, "broadcast of the initial parameters");
-  auto sync = std::make_unique<GradSync>(comm, flat, model, bucket_mb, zero);
-  log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm.backend().c_str(), sync->num_buckets(),
-                 bucket_mb));
-  return sync;
 }
 
 }  // namespace lm

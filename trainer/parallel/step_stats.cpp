@@ -1,5 +1,5 @@
 // Step statistics over ranks (see step_stats.h).
-#include "trainer/ddp/step_stats.h"
+#include "trainer/parallel/step_stats.h"
 
 #include <torch/torch.h>
 
@@ -8,7 +8,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
-#include "trainer/ddp/process_group.h"
+#include "trainer/parallel/process_group.h"
 
 namespace lm {
 namespace {

@@ -1,11 +1,11 @@
 // ZeRO-1 (dist.zero: 1), as llm.c's and Megatron-LM's distributed optimizer do it: every gradient
 // bucket is cut into world_size pieces and rank r keeps the AdamW moments of piece r of each
 // bucket only (1/world_size of the optimizer state). Gradients are summed per bucket from the
-// autograd hooks as in plain data parallelism (trainer/ddp/grad_sync.h), so the communication still
+// autograd hooks as in plain data parallelism (data_parallel.h), so the communication still
 // overlaps the backward: reduce-scattered where the backend has it (NCCL: each rank gets the sums
 // of its pieces only), all-reduced where it does not (Gloo in LibTorch 1.13 and 2.6: every rank gets
 // every sum, the same numbers as plain data parallelism, and keeps its pieces). Each rank steps
-// its pieces (AdamW, constructed with owned()), then every rank's updated pieces of the weights go
+// its pieces (the optimizer, constructed with optimizer_ranges()), then every rank's updated pieces of the weights go
 // to every rank, in place (gather_params). The weights, the gradient buffer and the EMA stay whole on
 // every rank (ZeRO-1 shards the optimizer state only).
 #pragma once
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/ddp/process_group.h"
-#include "trainer/optim/adamw.h"
+#include "trainer/optim/flat_params.h"
+#include "trainer/parallel/data_parallel.h"
 
 namespace lm {
 
@@ -35,33 +35,32 @@ struct ZeroLayout {
   int64_t owned_numel() const;
 };
 
-// The gradient buckets of a flat buffer: contiguous ranges of whole parameters of at most
-// bucket_mb (one parameter per bucket when it is bigger), in flat order. The one cut GradSync and
-// ZeroLayout share.
-std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb);
-
-// What the step does differently under ZeRO-1, over the run's process group.
-class ZeroShards {
+// ZeRO-1 on the parallelism seam: data parallelism whose optimizer owns this rank's pieces only.
+class Zero1 : public DataParallel {
  public:
-  // reduce_scatter: the backend reduce-scatters (NCCL), or LM_ZERO_REDUCE_SCATTER=1 asks Gloo to
+  // Reduce-scatters where the backend has it (NCCL), or where LM_ZERO_REDUCE_SCATTER=1 asks Gloo to
   // behave as if it did (tests: an all-reduce of a copy, the owned pieces kept), so that only the
   // owned pieces hold the summed gradients.
-  ZeroShards(Comm& comm, FlatParams& flat, ZeroLayout layout);
+  explicit Zero1(const ParallelInit& init);
   const ZeroLayout& layout() const { return layout_; }
-  bool reduce_scatter() const { return reduce_scatter_; }
-  // The global L2 norm of the summed gradients as a 0-dim tensor: with reduce-scatter, from the
-  // owned pieces (their sums of squares all-reduced); else undefined (every rank holds the whole
-  // sum: the norm is taken as plain data parallelism takes it, the same bits).
-  torch::Tensor grad_norm(int64_t step);
-  // After this rank's AdamW updated its pieces: every rank's pieces to every rank, in place
+  std::optional<std::vector<FlatRange>> optimizer_ranges() const override { return owned_; }
+  bool shards_optimizer() const override { return true; }
+  // With reduce-scatter, the global L2 norm from the owned pieces (their sums of squares
+  // all-reduced); else undefined (every rank holds the whole sum: the norm is taken as plain data
+  // parallelism takes it, the same bits).
+  torch::Tensor grad_norm(int64_t step) override;
+  // After this rank's optimizer updated its pieces: every rank's pieces to every rank, in place
   // (NCCL: an all-gather per bucket; Gloo: a broadcast per piece), no scratch buffer.
-  void gather_params();
-  // The start-up line: what is sharded, this rank's optimizer state against the whole.
-  std::string describe(int64_t state_bytes) const;
+  void after_update() override;
+  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+
+ protected:
+  // ZeRO-1's bucket: the first world*s values reduce-scattered in place (rank r's sums land on its
+  // piece), the fewer than `world` left over all-reduced; or, without reduce-scatter, all-reduced.
+  GradSync::Reduce reduce() override;
+  std::string reduce_name() const override { return reduce_scatter_ ? "reduce-scatter" : "all-reduce"; }
 
  private:
-  Comm& comm_;
-  FlatParams& flat_;
   ZeroLayout layout_;
   std::vector<FlatRange> owned_;  // layout_.owned()
   bool nccl_;

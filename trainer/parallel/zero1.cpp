@@ -1,5 +1,5 @@
-// ZeRO-1: the layout, the sharded gradient norm and the all-gather of the weights (see zero.h).
-#include "trainer/ddp/zero.h"
+// ZeRO-1: the layout, the sharded gradient norm and the all-gather of the weights (see zero1.h).
+#include "trainer/parallel/zero1.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -29,24 +29,14 @@ int64_t ZeroLayout::owned_numel() const {
   return n;
 }
 
-std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb) {
-  const int64_t elem = static_cast<int64_t>(flat.params().element_size());
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / elem));
-  std::vector<FlatRange> buckets;
-  for (const auto& e : flat.entries()) {
-    if (buckets.empty() || buckets.back().numel + e.numel > cap) buckets.push_back({e.offset, 0});
-    buckets.back().numel += e.numel;
-  }
-  return buckets;
-}
-
-ZeroShards::ZeroShards(Comm& comm, FlatParams& flat, ZeroLayout layout)
-    : comm_(comm), flat_(flat), layout_(std::move(layout)), owned_(layout_.owned()), nccl_(comm.backend() == "nccl") {
+Zero1::Zero1(const ParallelInit& init)
+    : DataParallel(init), layout_{plan_buckets(init.flat, init.dist.bucket_mb), init.rank, init.world},
+      owned_(layout_.owned()), nccl_(init.comm->backend() == "nccl") {
   const char* emulate = std::getenv("LM_ZERO_REDUCE_SCATTER");
   reduce_scatter_ = nccl_ || (emulate && std::strcmp(emulate, "1") == 0);
 }
 
-torch::Tensor ZeroShards::grad_norm(int64_t step) {
+torch::Tensor Zero1::grad_norm(int64_t step) {
   if (!reduce_scatter_) return {};
   auto& g = flat_.grads();
   std::vector<torch::Tensor> sq;
@@ -56,7 +46,7 @@ torch::Tensor ZeroShards::grad_norm(int64_t step) {
   return total.sqrt();
 }
 
-void ZeroShards::gather_params() {
+void Zero1::after_update() {
   torch::NoGradGuard ng;
   auto& p = flat_.params();
   // In place, no scratch (not even one bucket's: on the CPU a freed buffer stays in the caching
@@ -80,11 +70,23 @@ void ZeroShards::gather_params() {
   for (auto& w : pending) comm_.wait(w, "all-gather of the updated weights");
 }
 
-std::string ZeroShards::describe(int64_t state_bytes) const {
-  const double whole = 2.0 * static_cast<double>(flat_.numel()) * static_cast<double>(flat_.params().element_size());
-  return strf("zero-1: rank %d keeps the AdamW moments of %lld of %lld weights (%zu bucket pieces): optimizer state %.1f MB of %.1f MB; "
+GradSync::Reduce Zero1::reduce() {
+  if (!reduce_scatter_) return nullptr;
+  return [this](size_t i, torch::Tensor grads) {
+    std::vector<std::shared_ptr<Comm::Pending>> work;
+    const int64_t s = layout_.piece_size(i), main = s * layout_.world;
+    if (s > 0) work.push_back(comm_.reduce_scatter_async(grads.narrow(0, 0, main), grads.narrow(0, layout_.rank * s, s)));
+    if (main < grads.numel()) work.push_back(comm_.all_reduce_async(grads.narrow(0, main, grads.numel() - main)));
+    return work;
+  };
+}
+
+std::string Zero1::describe(int64_t state_bytes, const std::string& what) const {
+  const double owned = static_cast<double>(layout_.owned_numel());  // the whole state, at this rank's bytes per value
+  const double whole = owned > 0 ? static_cast<double>(state_bytes) * static_cast<double>(flat_.numel()) / owned : 0;
+  return strf("zero-1: rank %d keeps %s of %lld of %lld weights (%zu bucket pieces): optimizer state %.1f MB of %.1f MB; "
               "gradients %s, weights all-gathered after each update",
-              layout_.rank, (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
+              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
               static_cast<double>(state_bytes) / 1e6, whole / 1e6,
               reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)");
 }

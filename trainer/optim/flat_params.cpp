@@ -1,0 +1,112 @@
+// Flat parameters, gradient paths and clipping (see flat_params.h).
+#include "trainer/optim/flat_params.h"
+
+#include "common/torch/compat.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+namespace lm {
+
+bool resolve_fused(const OptimConfig& cfg, bool cuda) {
+  const bool has_kernel = cuda ? compat::kHasFusedAdamW : compat::kHasCpuFusedAdamW;
+  if (cfg.fused == "on" && !has_kernel)
+    throw ConfigError("key 'optim.fused': LibTorch " + compat::torch_version() + " has no at::_fused_adamw_ for " +
+                      (cuda ? "CUDA (needs >= 2.1)" : "the CPU (needs >= 2.4)"));
+  return cfg.fused == "on" || (cfg.fused == "auto" && cuda && has_kernel);
+}
+
+GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group) {
+  const bool fused = resolve_fused(cfg, cuda);
+  auto needs_fused = [&](const char* key) {
+    return ConfigError(std::string("key '") + key + "': on needs the fused AdamW, and optim.fused=" + cfg.fused +
+                       " gives the flat update here (LibTorch " + compat::torch_version() + ", " +
+                       (cuda ? "CUDA" : "CPU") + "); use auto or off");
+  };
+  GradPath path;
+  const bool grad_sync = world > 1 || process_group;  // the flat buffer's buckets are all-reduced
+  if (cfg.free_grads == "on" && grad_sync)
+    throw ConfigError("key 'optim.free_grads': on needs one rank without a process group (this run has " +
+                      std::to_string(world) + (world > 1 ? "" : ", and dist.backend names one") +
+                      "): data parallelism all-reduces the flat gradient buffer; use auto or off");
+  if (cfg.free_grads == "on" && !fused) throw needs_fused("optim.free_grads");
+  path.free_grads = cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && !grad_sync);
+  if (cfg.clip_in_step == "on" && !fused) throw needs_fused("optim.clip_in_step");
+  path.clip_in_step = cfg.clip_in_step == "on" || (cfg.clip_in_step == "auto" && cuda && fused);
+  return path;
+}
+
+FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
+  // Parameters owned by Embedding modules are not decayed.
+  std::set<const void*> embedding_params;
+  for (auto& m : module.named_modules()) {
+    if (m.value()->as<torch::nn::Embedding>())
+      for (auto& p : m.value()->parameters(false)) embedding_params.insert(p.unsafeGetTensorImpl());
+  }
+  auto named = module.named_parameters();
+  std::vector<torch::Tensor> order;
+  int64_t total = 0;
+  for (auto it = named.end(); it != named.begin();) {  // reverse registration order
+    --it;
+    const auto& t = it->value();
+    const bool decay = t.dim() >= 2 && !embedding_params.count(t.unsafeGetTensorImpl());
+    entries_.push_back({it->key(), total, t.numel(), decay});
+    if (!runs_.empty() && runs_.back().decay == decay) runs_.back().numel += t.numel();
+    else runs_.push_back({"", total, t.numel(), decay});
+    order.push_back(t);
+    total += t.numel();
+  }
+  auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
+  params_ = torch::empty({total}, opts.requires_grad(false));
+  if (!path_.free_grads) grads_ = torch::zeros({total}, opts.requires_grad(false));
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto& t = order[i];
+    const auto& e = entries_[i];
+    auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
+    pv.copy_(t);
+    t.set_data(pv);
+    if (path_.free_grads) t.mutable_grad().reset();
+    else t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
+    tensors_.push_back(t);
+  }
+}
+
+torch::Tensor& FlatParams::grads() {
+  TORCH_CHECK(!path_.free_grads, "FlatParams::grads(): gradients are per parameter (optim.free_grads)");
+  return grads_;
+}
+
+std::vector<torch::Tensor> FlatParams::grad_list() {
+  std::vector<torch::Tensor> out;
+  out.reserve(tensors_.size());
+  for (auto& t : tensors_) {
+    if (!t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);  // never with the flat buffer
+    out.push_back(t.grad());
+  }
+  return out;
+}
+
+void FlatParams::zero_grad() {
+  grad_scale_ = torch::Tensor();
+  if (!path_.free_grads) {
+    grads_.zero_();
+    return;
+  }
+  for (auto& t : tensors_) t.mutable_grad().reset();
+}
+
+torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm) {
+  const bool free = flat.path().free_grads;
+  const auto grads = free ? flat.grad_list() : std::vector<torch::Tensor>();
+  if (!norm.defined()) norm = free ? compat::global_norm(grads) : flat.grads().norm();
+  if (max_norm > 0 && flat.path().clip_in_step) {
+    flat.set_grad_scale(((norm + 1e-6) / max_norm).clamp_min(1.0));  // the inverse of coef below
+  } else if (max_norm > 0) {
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    if (free) compat::foreach_mul_(grads, coef);
+    else flat.grads().mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace lm

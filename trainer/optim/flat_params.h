@@ -1,0 +1,91 @@
+// Flat parameter storage and gradient clipping, shared by every optimizer and parallelism.
+//
+// FlatParams moves every parameter of a module into ONE contiguous buffer (and, unless gradients are
+// free, every gradient into a second one), so clipping, the optimizer update, zeroing and all-reduce
+// buckets each touch one tensor instead of hundreds. Parameters are laid out in REVERSE
+// registration order, which is roughly the order backward produces their gradients (so all-reduce
+// buckets, which are contiguous ranges, fill up one after another). Each entry records whether it
+// is decayed (matrices of Linear layers; not biases, norms, embeddings).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "trainer/optim/optim_config.h"
+
+namespace lm {
+
+// How gradients are kept and clipped (optim.free_grads, optim.clip_in_step; resolve_grad_path).
+struct GradPath {
+  // Per-parameter .grad tensors, undefined between steps (backward allocates the first and adds the
+  // rest), instead of views of one flat buffer zeroed every step.
+  bool free_grads = false;
+  // The clip coefficient is handed to the fused AdamW as its grad_scale (FlatParams::grad_scale)
+  // instead of a pass over the gradients.
+  bool clip_in_step = false;
+};
+
+// Whether AdamW steps through at::_fused_adamw_ (optim.fused) for parameters on CUDA or the CPU.
+// Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel there.
+bool resolve_fused(const OptimConfig& cfg, bool cuda);
+// optim.free_grads and optim.clip_in_step for a run of `world` ranks (process_group: one is made at
+// world size 1 too, dist.backend named): auto = on for CUDA where the fused AdamW runs (free_grads:
+// and without a process group). Throws ConfigError naming the key when it is "on" without the fused
+// AdamW, or (free_grads) with a process group, whose all-reduce buckets are ranges of the flat
+// gradient buffer; and naming optim.fused as resolve_fused does.
+GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group = false);
+
+// A range of the flat buffers: [offset, offset + numel).
+struct FlatRange {
+  int64_t offset, numel;
+};
+
+class FlatParams {
+ public:
+  struct Entry {
+    std::string name;
+    int64_t offset, numel;
+    bool decay;
+  };
+  // REQUIRES: every parameter of `module` is on the same device and dtype (float32).
+  explicit FlatParams(torch::nn::Module& module, GradPath path = {});
+  FlatParams(const FlatParams&) = delete;
+  FlatParams& operator=(const FlatParams&) = delete;
+
+  const GradPath& path() const { return path_; }
+  torch::Tensor& params() { return params_; }  // (numel,)
+  const torch::Tensor& params() const { return params_; }
+  // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads.
+  torch::Tensor& grads();
+  // Every parameter's .grad in entries() order (views of grads(), or the free tensors); a free
+  // gradient that backward did not produce is set to zeros first (what the flat buffer holds).
+  std::vector<torch::Tensor> grad_list();
+  int64_t numel() const { return params_.numel(); }
+  const std::vector<Entry>& entries() const { return entries_; }
+  // Maximal runs of entries with the same decay flag: {offset, numel, decay}.
+  const std::vector<Entry>& decay_runs() const { return runs_; }
+  // Before a step's backward: the flat buffer zeroed, or every free .grad undefined (its memory
+  // released); the pending grad_scale dropped.
+  void zero_grad();
+  // clip_in_step: what the gradients are still to be divided by (a 0-dim float tensor on the
+  // device, set by clip_grad_norm, applied by the fused AdamW); undefined: nothing.
+  const torch::Tensor& grad_scale() const { return grad_scale_; }
+  void set_grad_scale(torch::Tensor s) { grad_scale_ = std::move(s); }
+
+ private:
+  GradPath path_;
+  torch::Tensor params_, grads_, grad_scale_;
+  std::vector<torch::Tensor> tensors_;  // the parameters, in entries() order
+  std::vector<Entry> entries_, runs_;
+};
+
+// Scales gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0): by
+// max_norm / (norm + 1e-6) where that is below 1, in place, or with path().clip_in_step, by setting
+// flat.grad_scale() to its inverse for the fused AdamW. Returns the norm before clipping as a 0-dim
+// tensor (no host sync). norm: the norm already taken elsewhere (the parallelism's, e.g. from the owned pieces
+// of the gradients), or undefined: taken here.
+torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm = {});
+
+}  // namespace lm

@@ -1,0 +1,20 @@
+// The dist: section's keys (see dist_config.h): each one's type, allowed values and its one
+// description, printed by `trainer --keys` and docs/config.md.
+#include "trainer/parallel/dist_config.h"
+
+#include "trainer/config_schema.h"
+
+namespace lm {
+
+void describe_dist(config_schema::Schema& s, DistConfig& d) {
+  s.choice("dist.backend", &d.backend, "process group backend; auto = nccl on CUDA, gloo on CPU, at world size > 1; "
+           "a named one also at world size 1", {"auto", "nccl", "gloo"});
+  s.number("dist.timeout_s", &d.timeout_s, "seconds after which the rendezvous or any collective fails", 0, true);
+  s.number("dist.bucket_mb", &d.bucket_mb, "gradient all-reduce bucket size in MB (10^6 bytes)", 0, true);
+  s.integer("dist.zero", &d.zero, "1 = ZeRO-1: each rank keeps the AdamW moments of its piece of every gradient "
+            "bucket only (1/world_size of them), gradients reduce-scattered (NCCL) or all-reduced (Gloo), each rank "
+            "steps its pieces, the weights all-gathered; checkpoints hold one optimizer shard per rank and resume at "
+            "any world size; 0 = every rank keeps them all (no effect at world size 1)", 0, 1);
+}
+
+}  // namespace lm

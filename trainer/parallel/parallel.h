@@ -1,0 +1,73 @@
+// The parallelism seam: the one interface the Trainer and the step call, whatever strategy spreads
+// the work over the ranks (dist.zero picks one; registry in parallel.cpp). Nothing outside
+// trainer/parallel/ knows which one runs. A strategy decides:
+//   - which ranges of the flat parameters this rank's optimizer updates and keeps state for, and
+//     whether that state is one part per rank in checkpoints (optimizer_ranges, shards_optimizer);
+//   - what the backward's gradients become: hooks launched per bucket while the backward runs
+//     (before_backward, after_backward);
+//   - the global gradient norm (grad_norm) and what follows the optimizer's update (after_update);
+//   - the bytes a rank keeps, for the memory check before anything is built (rank_bytes);
+//   - its start-up line (describe).
+//
+// Adding one (ZeRO-2/3, tensor parallelism): a class implementing Parallelism in its own files here
+// and a row in the table in parallel.cpp (when it applies, the bytes it keeps, how it is made).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/optim/flat_params.h"
+#include "trainer/parallel/dist_config.h"
+#include "trainer/parallel/process_group.h"
+
+namespace lm {
+
+class Parallelism {
+ public:
+  virtual ~Parallelism() = default;
+  // The ranges of the flat buffer this rank's optimizer updates and keeps state for (ascending,
+  // disjoint); nullopt: all of it.
+  virtual std::optional<std::vector<FlatRange>> optimizer_ranges() const { return std::nullopt; }
+  // True when each rank saves its own part of the optimizer state (a checkpoint resumes at any
+  // world size and strategy all the same); false: every rank holds it whole, rank 0 saves it.
+  virtual bool shards_optimizer() const { return false; }
+  // Once the state is restored, before the first step: the replicas made equal, hooks installed.
+  virtual void start() {}
+  // Before each micro-batch's backward; last: the step's last one (only it communicates).
+  virtual void before_backward(bool /*last*/) {}
+  // After the step's last backward: the gradients are what this strategy keeps (summed over ranks).
+  virtual void after_backward(int64_t /*step*/) {}
+  // The global L2 norm of the summed gradients as a 0-dim tensor, or undefined: the flat gradient
+  // buffer holds the whole sum on every rank, the norm is taken from it (clip_grad_norm).
+  virtual torch::Tensor grad_norm(int64_t /*step*/) { return {}; }
+  // After the optimizer updated this rank's ranges, before the EMA reads the weights.
+  virtual void after_update() {}
+  // The start-up line: what a rank keeps. optimizer_bytes/what: the optimizer's state on this rank.
+  virtual std::string describe(int64_t optimizer_bytes, const std::string& what) const = 0;
+};
+
+// What a strategy is made from; each outlives it.
+struct ParallelInit {
+  const DistConfig& dist;
+  Comm* comm;  // nullptr: one process, no group
+  FlatParams& flat;
+  torch::nn::Module& model;
+  int rank, world;
+};
+
+// The strategy the config picks for this group (dist.zero; world size 1 without a group: none).
+std::unique_ptr<Parallelism> make_parallelism(const ParallelInit& init);
+
+// Bytes one rank keeps for the model's n parameters, before anything is built.
+struct RankBytes {
+  double weights = 0, grads = 0, optimizer = 0;
+};
+// optimizer_per_param: the optimizer's state bytes per parameter (optimizer_kinds()).
+RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimizer_per_param);
+
+}  // namespace lm
