@@ -4,8 +4,9 @@
 # checkpoint.async true and false, beside two ordinary busy processes this script starts and stops
 # itself (what other ranks, loader threads or a neighbour's job are). Rounds alternate the order
 # (async first in odd rounds, sync first in even ones) so that drift hits both. Reported: the wall
-# time of each run (from the trainer's start to its exit, timed here), medians, the median of the
-# per-round ratios async/sync, and per variant how many checkpoints were committed (distinct steps
+# time of each run (from the trainer's start to its exit, timed here) and its training loop's time
+# (summary.json wall_s: the steps, the saves and the final wait, without the process's start-up),
+# medians, the median of the per-round ratios async/sync of both, and per variant how many checkpoints were committed (distinct steps
 # of metrics.jsonl's checkpoint records) against how many were due (max_steps / every_steps), with
 # the median summed real stall (ckpt_block_ms) and write time. Target: async never slower than
 # sync, every due checkpoint committed. Data: the King James Bible (bible) with the bytes tokenizer.
@@ -70,8 +71,14 @@ def saves(d):
     except FileNotFoundError:
         pass
     return recs
+def train_s(d):  # summary.json's wall_s: the training loop, from its first step to its end (final save, wait)
+    try:
+        return float(json.load(open(d + "/summary.json"))["wall_s"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return float("nan")
 by = {}
 for r in rows:
+    r["train_s"] = train_s(r["dir"])
     s = saves(r["dir"])
     r["committed"] = len({o["step"] for o in s})
     r["block_ms"] = sum(o.get("ckpt_block_ms", 0) for o in s)
@@ -79,20 +86,24 @@ for r in rows:
     by.setdefault(r["async"], []).append(r)
 print("run: configs/tiny.yaml, 4 layers x 256, %d steps, a checkpoint every %d (%d due), beside %d busy processes; "
       "rounds alternated" % (steps, every, due, busy))
-print("%-6s %6s %9s %10s %13s %13s  %s" % ("async", "round", "wall s", "rc", "committed", "stall ms", "write ms (sum)"))
+print("%-6s %6s %9s %9s %5s %13s %13s  %s" % ("async", "round", "wall s", "train s", "rc", "committed", "stall ms",
+                                               "write ms (sum)"))
 for r in rows:
-    print("%-6s %6d %9.1f %10d %9d/%-3d %13.0f  %.0f" % (r["async"], r["round"], r["wall_s"], r["rc"], r["committed"], due,
-                                                        r["block_ms"], r["write_ms"]))
+    print("%-6s %6d %9.1f %9.1f %5d %9d/%-3d %13.0f  %.0f" % (r["async"], r["round"], r["wall_s"], r["train_s"], r["rc"],
+                                                             r["committed"], due, r["block_ms"], r["write_ms"]))
 med = {a: statistics.median(x["wall_s"] for x in v) for a, v in by.items()}
-ratios = []
+ratios, train_ratios = [], []
 for rnd in sorted({r["round"] for r in rows}):
     a = [r for r in rows if r["round"] == rnd and r["async"]]
     s = [r for r in rows if r["round"] == rnd and not r["async"]]
     if a and s:
         ratios.append(a[0]["wall_s"] / s[0]["wall_s"])
+        train_ratios.append(a[0]["train_s"] / s[0]["train_s"])
 out = {"async_median_s": round(med.get(True, 0), 2), "sync_median_s": round(med.get(False, 0), 2),
        "ratio_async_over_sync_median": round(statistics.median(ratios), 3) if ratios else None,
        "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
+       "train_ratio_median": round(statistics.median(train_ratios), 3) if train_ratios else None,
+       "train_ratio_range": [round(min(train_ratios), 3), round(max(train_ratios), 3)] if train_ratios else None,
        "due": due,
        "async_committed": [r["committed"] for r in by.get(True, [])],
        "sync_committed": [r["committed"] for r in by.get(False, [])],

@@ -18,9 +18,13 @@
 //   run.lock                     held by the running trainer (its pid inside)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace lm::run_dir {
 
@@ -51,6 +55,18 @@ inline std::string logs(const std::string& run) { return run + "/logs"; }
 inline std::string rank_log(const std::string& run, int rank) { return logs(run) + "/rank_" + std::to_string(rank) + ".log"; }
 inline std::string checkpoints(const std::string& run) { return run + "/checkpoints"; }
 inline std::string checkpoint(const std::string& run, int64_t step) { return checkpoints(run) + "/" + step_name(step); }
+// The committed checkpoints (step_<digits> directories) of a checkpoints directory, newest first:
+// the one listing the checkpointer and the sweep tool share.
+inline std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(ckpt_dir, ec)) {
+    const int64_t step = parse_step_name(e.path().filename().string());
+    if (e.is_directory() && step >= 0) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  return out;
+}
 inline std::string anomalies(const std::string& run) { return run + "/anomalies"; }
 inline std::string anomaly(const std::string& run, int64_t step) { return anomalies(run) + "/" + step_name(step); }
 inline std::string profile(const std::string& run) { return run + "/profile"; }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/test_hooks.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/torch/compat.h"
@@ -13,7 +14,7 @@ namespace lm {
 
 ForwardBackward::ForwardBackward(Parts p)
     : p_(std::move(p)), uploader_(p_.device), bf16_(p_.cfg->train.bf16()),
-      fault_nan_step_(std::getenv("LM_FAULT_NAN_STEP") ? std::atoll(std::getenv("LM_FAULT_NAN_STEP")) : 0) {}
+      fault_nan_step_(test_hooks().nan_step) {}
 
 RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats) {
   const ExperimentConfig& cfg = *p_.cfg;

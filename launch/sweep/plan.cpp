@@ -272,15 +272,10 @@ void print_plan(const SweepSpec& s, const std::vector<Run>& runs, int parallel) 
 }
 
 int64_t newest_checkpoint(const std::string& dir) {
-  int64_t best = 0;
-  std::error_code ec;
-  for (auto& e : stdfs::directory_iterator(run_dir::checkpoints(dir), ec)) {
-    // Committed checkpoints only: a step_name() with its manifest (a save in progress is "*.tmp").
-    const int64_t step = run_dir::parse_step_name(e.path().filename().string());
-    if (step >= 0 && files::exists(e.path().string() + "/" + run_dir::kCheckpointManifest))
-      best = std::max(best, step);
-  }
-  return best;
+  // Committed checkpoints only (run_dir::list_checkpoints: a save in progress is "*.tmp"), with their manifest.
+  for (const auto& [step, path] : run_dir::list_checkpoints(run_dir::checkpoints(dir)))
+    if (files::exists(path + "/" + run_dir::kCheckpointManifest)) return step;
+  return 0;
 }
 
 bool finished(const Run& r) {

@@ -15,12 +15,48 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/parallel/zero1.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/parallel/parallel.h"
 
 namespace lm {
 namespace {
 
 using test::TempDir;
 namespace fs = std::filesystem;
+
+// ---- the parallelism seam's table (trainer/parallel/parallel.cpp) ---------------------------------
+
+// What a rank keeps, before anything is built: the strategy the table picks for dist.zero and the
+// world size, asked through the seam (the memory check's only source). Checked to fail with the
+// zero1 row's optimizer bytes not divided by the world size.
+TEST(Parallelism, TheTablePicksTheStrategyAndTheBytesARankKeeps) {
+  const double n = 1000, adamw = 8;
+  DistConfig plain, zero1;
+  zero1.zero = 1;
+  for (int world : {1, 2, 4}) {
+    const RankBytes p = rank_bytes(plain, world, n, adamw);
+    EXPECT_DOUBLE_EQ(p.weights, 4 * n);
+    EXPECT_DOUBLE_EQ(p.grads, 4 * n);
+    EXPECT_DOUBLE_EQ(p.optimizer, 8 * n) << "world " << world;
+    const RankBytes z = rank_bytes(zero1, world, n, adamw);
+    EXPECT_DOUBLE_EQ(z.weights, 4 * n);
+    EXPECT_DOUBLE_EQ(z.optimizer, 8 * n / world) << "world " << world;  // world 1: one process, nothing to shard
+  }
+}
+
+// One process without a group: the optimizer owns everything, its state is replicated (rank 0 saves
+// it), and the hooks of the seam do nothing (the single-process step is the one before the seam).
+TEST(Parallelism, OneProcessOwnsEverythingAndHooksNothing) {
+  torch::nn::Linear lin(4, 3);
+  FlatParams flat(*lin);
+  DistConfig dist;
+  dist.zero = 1;  // no group: nothing to shard whatever dist.zero says
+  auto par = make_parallelism({dist, nullptr, flat, *lin, 0, 1});
+  EXPECT_FALSE(par->optimizer_ranges().has_value());
+  EXPECT_FALSE(par->shards_optimizer());
+  EXPECT_FALSE(par->grad_norm(1).defined());
+  EXPECT_NE(par->describe(96, "the AdamW moments").find("optimizer state 0.0 MB: the AdamW moments of every weight"),
+            std::string::npos);
+}
 
 // ---- the layout ---------------------------------------------------------------------------------
 

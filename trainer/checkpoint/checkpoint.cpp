@@ -1,4 +1,5 @@
-// Checkpoint layout, commit protocol, verification, retention, sync/async saves (see checkpoint.h).
+// Checkpoint saves, sync and async (see checkpoint.h); the directory layout is in layout.cpp, reading
+// and verification in reader.cpp.
 #include "trainer/checkpoint/checkpoint.h"
 
 #include <pthread.h>
@@ -17,12 +18,14 @@
 
 #include <ATen/Parallel.h>
 
+#include "common/test_hooks.h"
 #include "common/errors.h"
 #include "common/checksum.h"
 #include "common/clock.h"
 #include "common/parallel.h"
 #include "common/files.h"
 #include "common/log.h"
+#include "trainer/checkpoint/layout.h"
 #include "trainer/run_dir.h"
 
 namespace lm {
@@ -33,62 +36,7 @@ using Clock = clock::Steady;
 using clock::ms_since;
 
 using run_dir::step_name;
-constexpr const char* kResaveSuffix = ".old";  // step_N.old: the checkpoint a re-save replaces
-// step_N.deleting: a checkpoint retention is removing (renamed first: a crash mid-removal never
-// leaves a half-deleted step_N that looks committed; the next Checkpointer finishes the removal).
-constexpr const char* kDeleteSuffix = ".deleting";
-
-// Committed checkpoint directories (step_<digits>), newest first.
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  for (auto& e : stdfs::directory_iterator(ckpt_dir, ec)) {
-    const int64_t step = run_dir::parse_step_name(e.path().filename().string());
-    if (e.is_directory() && step >= 0) out.emplace_back(step, e.path().string());
-  }
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  return out;
-}
-
-// Renames the finished `tmp` to `final_dir` and makes it durable. A re-save of the same step moves
-// the old directory aside (step_N.old) and removes it only once the new one is committed: a crash
-// in between leaves one of them complete, and the next Checkpointer puts it back
-// (recover_resaves). "" or the error; no exceptions.
-std::string commit_dir(const std::string& ckpt_dir, const std::string& tmp, const std::string& final_dir) {
-  const std::string aside = final_dir + kResaveSuffix;
-  const bool resave = files::exists(final_dir);
-  if (resave) {
-    files::remove_all(aside);
-    if (auto err = files::try_rename(final_dir, aside); !err.empty()) return err;
-  }
-  if (auto err = files::try_rename(tmp, final_dir); !err.empty()) {
-    if (resave) files::try_rename(aside, final_dir);  // the old one stays the checkpoint
-    return err;
-  }
-  if (auto err = files::try_fsync_dir(ckpt_dir); !err.empty()) return err;
-  if (resave) files::remove_all(aside);
-  return "";
-}
-
-// A re-save interrupted between its two renames (commit_dir): the new directory is in place
-// (drop the old one) or it is not (the old one goes back).
-void recover_resaves(const std::string& ckpt_dir) {
-  std::error_code ec;
-  const size_t n = std::strlen(kResaveSuffix);
-  for (auto& e : stdfs::directory_iterator(ckpt_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= n || name.compare(name.size() - n, n, kResaveSuffix) != 0) continue;
-    const std::string base = ckpt_dir + "/" + name.substr(0, name.size() - n);
-    if (run_dir::parse_step_name(name.substr(0, name.size() - n)) < 0) continue;
-    if (files::exists(base)) {
-      files::remove_all(e.path().string());
-    } else if (files::try_rename(e.path().string(), base).empty()) {
-      log::warn("restored checkpoint " + base + " (its re-save was interrupted before the commit)");
-      files::fsync_dir(ckpt_dir);
-    }
-  }
-}
-
+using namespace checkpoint_layout;
 // Writes this rank's files of checkpoint `step` and, on rank 0, commits it. Returns "" or an
 // error. No exceptions escape and nothing is logged: it also runs on the writer thread.
 // kill (fault injection): SIGKILL this process right after the first file is written.
@@ -359,8 +307,7 @@ void Checkpointer::save(const CheckpointState& st) {
   quarantine_pending();  // (the trainer moves them once its start is accepted, before any save)
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
-  const char* kill_env = std::getenv("LM_FAULT_KILL_IN_SAVE");
-  const bool kill = kill_env && std::atoll(kill_env) == st.step;
+  const bool kill = test_hooks().kill_in_save_step > 0 && test_hooks().kill_in_save_step == st.step;
   last_save_step_ = st.step;
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
   if (!cfg_.async) {
@@ -406,245 +353,6 @@ void Checkpointer::save(const CheckpointState& st) {
 double Checkpointer::pace_target_s() const {
   const int64_t every = cfg_.every_steps > 0 ? cfg_.every_steps : interval_.interval_steps();
   return std::max(0.0, cfg_.write_pace) * static_cast<double>(every) * mean_step_s_;
-}
-
-void Checkpointer::prune() {
-  if (cfg_.keep_last <= 0) return;
-  auto all = list_checkpoints(ckpt_dir_);
-  for (size_t i = static_cast<size_t>(cfg_.keep_last); i < all.size(); ++i) {
-    const int64_t step = all[i].first;
-    if (cfg_.keep_every > 0 && step % cfg_.keep_every == 0) continue;
-    // Deleted only when known to verify (written or loaded by this process, or checked now);
-    // one that does not verify is moved aside, never deleted.
-    bool known;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      known = verified_.count(step) > 0;
-    }
-    const std::string why = known ? "" : verify(all[i].second);
-    if (why.empty()) {
-      // Out of sight first (durably), then removed: a crash mid-removal leaves step_N.deleting,
-      // never a step_N missing files (which the next start would take for a damaged checkpoint).
-      const std::string aside = all[i].second + kDeleteSuffix;
-      if (auto err = files::try_rename(all[i].second, aside); !err.empty()) throw Error("cannot remove an old checkpoint: " + err);
-      files::fsync_dir(ckpt_dir_);
-      files::remove_all(aside);
-    } else
-      quarantine(all[i].second, why);
-  }
-}
-
-std::string Checkpointer::quarantine(const std::string& dir, const std::string& why) {
-  files::make_dirs(quarantine_);
-  const std::string name = stdfs::path(dir).filename().string();
-  std::string to = quarantine_ + "/" + name;
-  for (int n = 1; files::exists(to); ++n) to = quarantine_ + "/" + name + "." + std::to_string(n);
-  if (auto err = files::try_rename(dir, to); !err.empty()) throw Error("cannot move a damaged checkpoint aside: " + err);
-  files::fsync_dir(quarantine_);
-  files::fsync_dir(ckpt_dir_);
-  log::warn("checkpoint " + dir + " did not verify (" + why + "): moved to " + to + " (kept, never deleted)");
-  return to;
-}
-
-namespace {
-
-// manifest.json's files: name -> {bytes, xxh64}. "" in *why when the manifest is valid and every
-// file it lists exists with its size (a cheap check); checksums are left to the reader. A manifest
-// of another format version sets *other_version (refused, never skipped).
-using ManifestFiles = std::map<std::string, std::pair<uint64_t, std::string>>;
-// The manifest's own facts, for load() to compare with state.json's (the manifest has no checksum).
-struct ManifestHead {
-  int64_t step = -1, world_size = -1;
-};
-ManifestFiles read_manifest(const std::string& dir, std::string* why, bool* other_version = nullptr,
-                            ManifestHead* head = nullptr) {
-  ManifestFiles files;
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(files::read_file(dir + "/" + run_dir::kCheckpointManifest));
-  } catch (const std::exception& e) {
-    *why = "no readable manifest.json (" + std::string(e.what()) + ")";
-    return files;
-  }
-  try {
-    if (m.at("magic") != kCheckpointMagic) {
-      *why = "manifest.json: not a checkpoint manifest (bad magic)";
-      return files;
-    }
-    if (m.at("version") != kCheckpointVersion) {
-      *why = "checkpoint format version " + m.at("version").dump() + ", this build reads version " +
-             std::to_string(kCheckpointVersion) + " (resume it with the build that wrote it, or set "
-             "checkpoint.resume=none to start afresh)";
-      if (other_version) *other_version = true;
-      return files;
-    }
-    const ManifestHead h{m.at("step").get<int64_t>(), m.at("world_size").get<int64_t>()};
-    const int64_t named = run_dir::parse_step_name(stdfs::path(dir).filename().string());
-    if (named >= 0 && h.step != named) {
-      *why = "manifest.json: step " + std::to_string(h.step) + " in a directory of step " + std::to_string(named);
-      return files;
-    }
-    if (head) *head = h;
-    for (auto& f : m.at("files")) {
-      const std::string name = f.at("name").get<std::string>(), path = dir + "/" + name;
-      std::error_code ec;
-      auto size = stdfs::file_size(path, ec);
-      if (ec) {
-        *why = path + ": missing";
-        return files;
-      }
-      if (size != f.at("bytes").get<uint64_t>()) {
-        *why = path + ": size differs from manifest.json";
-        return files;
-      }
-      files[name] = {size, f.at("xxh64").get<std::string>()};
-    }
-  } catch (const std::exception& e) {
-    *why = "manifest.json: " + std::string(e.what());
-  }
-  return files;
-}
-
-// Reads files of one checkpoint, each checked against the manifest's checksum in the same pass.
-class CheckedReader {
- public:
-  CheckedReader(std::string dir, ManifestFiles files) : dir_(std::move(dir)), files_(std::move(files)) {}
-  bool has(const std::string& name) const { return files_.count(name) > 0; }
-  nlohmann::json json(const std::string& name) const {
-    const std::string path = dir_ + "/" + name;
-    std::string bytes;
-    try {
-      bytes = files::read_file(path);
-    } catch (const DataError& e) {
-      throw CheckpointError(e.what());
-    }
-    if (hex64(xxh64(bytes.data(), bytes.size())) != entry(name).second) throw CheckpointError(path + ": checksum mismatch");
-    try {
-      return nlohmann::json::parse(bytes);
-    } catch (const std::exception& e) {
-      throw CheckpointError(path + ": " + e.what());
-    }
-  }
-  NamedTensors tensors(const std::string& name) const {
-    return load_safetensors(dir_ + "/" + name, nullptr, entry(name).second);
-  }
-  // Throws CheckpointError unless the file is listed and its checksum matches (read, not kept).
-  void check(const std::string& name) const {
-    if (hex64(xxh64_file(dir_ + "/" + name)) != entry(name).second) throw CheckpointError(dir_ + "/" + name + ": checksum mismatch");
-  }
-
- private:
-  const std::pair<uint64_t, std::string>& entry(const std::string& name) const {
-    auto it = files_.find(name);
-    if (it == files_.end()) throw CheckpointError(dir_ + "/" + name + ": not listed in manifest.json");
-    return it->second;
-  }
-  std::string dir_;
-  ManifestFiles files_;
-};
-
-}  // namespace
-
-std::string Checkpointer::verify(const std::string& dir) {
-  std::string why;
-  for (auto& [name, f] : read_manifest(dir, &why)) {
-    if (!why.empty()) break;
-    if (hex64(xxh64_file(dir + "/" + name)) != f.second) return dir + "/" + name + ": checksum mismatch";
-  }
-  return why;
-}
-
-std::string Checkpointer::load_resume(CheckpointState* out) {
-  if (cfg_.resume_none()) return "";
-  if (!cfg_.resume_auto()) {
-    try {
-      *out = load(cfg_.resume);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError("checkpoint.resume=" + cfg_.resume + ": " + e.what());
-    }
-    return cfg_.resume;
-  }
-  // The newest that verifies; newer ones that do not are moved aside. When checkpoints exist and
-  // none verifies, the run stops (a fresh start would silently lose it) unless checkpoint.force.
-  std::vector<std::pair<std::string, std::string>> bad;  // directory, why
-  for (auto& [step, dir] : list_checkpoints(ckpt_dir_)) {
-    std::string why;
-    bool other_version = false;
-    read_manifest(dir, &why, &other_version);
-    if (other_version) throw CheckpointError(dir + ": " + why);
-    try {
-      *out = load(dir);
-    } catch (const CheckpointError& e) {
-      std::string what = e.what();  // without the directory, named once in front
-      if (what.rfind(dir, 0) == 0) what.erase(0, what.find_first_not_of(":/ ", dir.size()));
-      bad.emplace_back(dir, what);
-      continue;
-    }
-    pending_quarantine_ = std::move(bad);
-    return dir;
-  }
-  if (bad.empty()) return "";
-  if (!cfg_.force) {
-    std::string msg = std::to_string(bad.size()) + " checkpoint(s) and none verifies:";
-    for (auto& [d, w] : bad) msg += " " + d + " (" + w + ");";
-    throw CheckpointError(msg + " set checkpoint.resume=none to start afresh beside them, or checkpoint.force=true "
-                          "to move them to " + quarantine_ + " and start afresh");
-  }
-  pending_quarantine_ = std::move(bad);
-  log::warn("no checkpoint verifies: starting afresh (checkpoint.force)");
-  return "";
-}
-
-void Checkpointer::quarantine_pending() {
-  for (auto& [d, w] : pending_quarantine_) quarantine(d, w);
-  pending_quarantine_.clear();
-}
-
-CheckpointState Checkpointer::load(const std::string& dir) {
-  std::string why;
-  ManifestHead head;
-  CheckedReader in(dir, read_manifest(dir, &why, nullptr, &head));
-  if (!why.empty()) throw CheckpointError(why);
-  const auto state = in.json("state.json");
-  if (state.value("magic", "") != kCheckpointMagic || state.value("version", 0) != kCheckpointVersion)
-    throw CheckpointError(dir + "/state.json: not a version " + std::to_string(kCheckpointVersion) + " checkpoint");
-  if (state.value("step", int64_t{-2}) != head.step || state.value("world_size", int64_t{-2}) != head.world_size)
-    throw CheckpointError(dir + "/manifest.json: step or world_size differs from state.json's");
-  CheckpointState st;
-  try {
-    st.step = state.at("step").get<int64_t>();
-    st.run = state.at("run");
-    for (auto& [key, values] : state.at("components").items()) st.replicated[key].values = values;
-    for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].tensors = in.tensors(file.get<std::string>());
-    // A sharded component's parts: checked now (a damaged one makes this checkpoint not verify),
-    // read one at a time when the component loads them.
-    if (state.contains("part_files"))
-      for (auto& [key, files] : state.at("part_files").items()) {
-        if (files.size() != static_cast<size_t>(head.world_size))
-          throw CheckpointError(dir + "/state.json: " + std::to_string(files.size()) + " parts of '" + key + "' for " +
-                                std::to_string(head.world_size) + " ranks");
-        for (auto& file : files) {
-          const std::string name = file.get<std::string>();
-          in.check(name);
-          st.replicated[key].shards.push_back([in, name] { return in.tensors(name); });
-        }
-      }
-    // A rank the checkpoint did not have (the world grew) takes rank 0's file: its loader cursor is
-    // global; an own-rank component (the RNG streams) gets none (StateRegistry::Scope::kOwnRank).
-    const std::string mine = "rank_" + std::to_string(rank_) + ".json";
-    const auto rank_state = in.json(in.has(mine) ? mine : "rank_0.json");
-    st.saved_rank = rank_state.at("rank").get<int>();
-    st.loaded_rank = rank_;
-    for (auto& [key, values] : rank_state.at("components").items()) st.per_rank[key].values = values;
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(dir + ": malformed state (" + std::string(e.what()) + ")");
-  }
-  last_save_step_ = st.step;
-  if (stdfs::path(dir).lexically_normal() == stdfs::path(ckpt_dir_ + "/" + step_name(st.step)).lexically_normal()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    verified_.insert(st.step);
-  }
-  return st;
 }
 
 }  // namespace lm

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/test_hooks.h"
 #include "common/log.h"
 
 namespace lm {
@@ -32,8 +33,7 @@ int64_t ZeroLayout::owned_numel() const {
 Zero1::Zero1(const ParallelInit& init)
     : DataParallel(init), layout_{plan_buckets(init.flat, init.dist.bucket_mb), init.rank, init.world},
       owned_(layout_.owned()), nccl_(init.comm->backend() == "nccl") {
-  const char* emulate = std::getenv("LM_ZERO_REDUCE_SCATTER");
-  reduce_scatter_ = nccl_ || (emulate && std::strcmp(emulate, "1") == 0);
+  reduce_scatter_ = nccl_ || test_hooks().emulate_reduce_scatter;
 }
 
 torch::Tensor Zero1::grad_norm(int64_t step) {

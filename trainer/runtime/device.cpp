@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/test_hooks.h"
 #include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -253,8 +254,8 @@ MfuPeak mfu_peak(double peak_tflops, const std::string& gpu_model, const std::st
   // The test suite's hook (as LM_FAULT_* are): a fixed CPU peak instead of the start-up SGEMM
   // measurement, which costs each of the suite's hundreds of short trainer processes ~0.5 s. The
   // tests of the measured peak run without it.
-  if (const char* fixed = std::getenv("LM_TEST_PEAK_TFLOPS"); fixed && std::atof(fixed) > 0) {
-    return {std::atof(fixed) * 1e12, "LM_TEST_PEAK_TFLOPS (the test suite's fixed peak; nothing measured)"};
+  if (const double fixed = test_hooks().peak_tflops; fixed > 0) {
+    return {fixed * 1e12, "LM_TEST_PEAK_TFLOPS (the test suite's fixed peak; nothing measured)"};
   }
   const double now = measure_sgemm_flops();
   MfuPeak p{std::max(now, best_sgemm_flops()),
