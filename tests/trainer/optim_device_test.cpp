@@ -16,6 +16,7 @@
 #include "trainer/memory_check.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/runtime/device.h"
+#include "trainer/telemetry/mfu.h"
 #include "trainer/runtime/host_allocator.h"
 
 namespace lm {

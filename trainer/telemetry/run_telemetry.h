@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "trainer/config.h"
 #include "trainer/runtime/device.h"
+#include "trainer/telemetry/mfu.h"
 #include "trainer/stateful.h"
 #include "trainer/telemetry/anomaly.h"
 #include "trainer/telemetry/metrics.h"
