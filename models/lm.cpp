@@ -48,6 +48,19 @@ int64_t LMImpl::num_params() const {
   return n;
 }
 
+DocMask doc_mask_of(const torch::Tensor& idx, int64_t eos) {
+  const int64_t T = idx.size(1);
+  auto ar = torch::arange(T, idx.options().dtype(torch::kLong));
+  // Position i starts a document when i = 0 or idx[i-1] is EOS; start[i] = the last such i' <= i.
+  auto after_eos = torch::zeros(idx.sizes(), idx.options().dtype(torch::kBool));
+  if (T > 1) after_eos.slice(1, 1, T).copy_(idx.slice(1, 0, T - 1) == eos);
+  auto marks = ar.expand_as(idx) * after_eos;  // i where a document starts after an EOS, else 0
+  DocMask m;
+  m.start = std::get<0>(torch::cummax(marks, 1));
+  m.pos = ar - m.start;
+  return m;
+}
+
 std::pair<torch::Tensor, torch::Tensor> cache_append(KVCache* cache, size_t layer, torch::Tensor k, torch::Tensor v) {
   if (cache->k.size() <= layer) cache->k.resize(layer + 1), cache->v.resize(layer + 1);
   if (cache->k[layer].defined()) {

@@ -190,7 +190,8 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     configure_math(cfg_.train, device_);
-    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, rank_, world_);
+    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
+                           rank_, world_);
     if (m_.zero) zero_ = std::make_unique<ZeroShards>(*comm_, *m_.flat, *m_.zero);
   }
 
