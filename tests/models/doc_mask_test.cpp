@@ -40,7 +40,8 @@ ModelConfig doc_llama() {
 torch::Tensor doc_tokens(int64_t n) { return torch::randint(0, kEos, {n}, torch::kLong); }
 torch::Tensor eos() { return torch::full({1}, kEos, torch::kLong); }
 
-// Checked to fail with the `after_eos` shift removed (the EOS itself started its document).
+// The host loop (CPU) and the cummax of the other devices give the same documents.
+// Checked to fail with a document started at its EOS (x[i] == eos instead of x[i-1]).
 TEST(DocMask, StartsAndPositionsRestartAfterEachEos) {
   const int64_t E = kEos;
   auto idx = torch::tensor({5L, E, 3L, 4L, E, E, 7L, 8L}, torch::kLong).view({1, 8});
@@ -57,6 +58,11 @@ TEST(DocMask, StartsAndPositionsRestartAfterEachEos) {
   EXPECT_TRUE(allowed[0][0][4][2].item<bool>());
   EXPECT_FALSE(allowed[0][0][4][1].item<bool>());
   EXPECT_FALSE(allowed[0][0][4][5].item<bool>());
+  // What doc_mask_of computes off the CPU (cummax), here on the CPU: the same starts.
+  auto both = torch::cat({idx, torch::tensor({E, 1L, 2L, 3L, 4L, 5L, 6L, E}, torch::kLong).view({1, 8})});
+  auto after_eos = torch::zeros(both.sizes(), torch::kBool);
+  after_eos.slice(1, 1, 8).copy_(both.slice(1, 0, 7) == E);
+  EXPECT_TRUE(torch::equal(std::get<0>(torch::cummax(torch::arange(8, torch::kLong).expand_as(both) * after_eos, 1)), m.start));
 }
 
 // Reference attention in double: plain matmul and softmax under the block-diagonal causal mask.
