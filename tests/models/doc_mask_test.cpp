@@ -171,9 +171,12 @@ std::pair<double, torch::Tensor> packed_loss_and_grads(LM& m, const Packed& p, b
 // (positions from 0, no mask: the plain model), in fp32 within 1e-6 relative, and so are the
 // gradients (within float rounding); logits per position too. Activation checkpointing gives the
 // same bits as without. Without the mask the window's loss is another one.
-// Checked to fail (GPT and Llama) with the positions left as arange (the loss off by ~1e-2
-// relative), with the mask dropped from the attention, and with the fused kernel's blocks computed
-// as one [0, T) block; the checkpointed comparison with the checkpointed blocks' docs dropped.
+// Checked to fail with GPT's positions left as arange (the loss off by 5e-4 relative), with the
+// mask dropped from Llama's attention (1.13's bias without the documents), with GPT's fused kernel
+// computing one [0, T) block, and (the checkpointed comparison, both) with the checkpointed blocks
+// given no documents. Llama's RoPE restarted at each document (done) is not visible here: under
+// the mask RoPE's scores depend only on i - j inside a document, so absolute angles give the same
+// loss within float rounding (checked: it passes with the restart removed).
 TEST(DocMask, PackedWindowLossEqualsSumOfItsDocumentsAlone) {
   for (const auto& c : {test::tiny_model(), doc_llama()}) {
     SCOPED_TRACE(c.arch);
@@ -231,6 +234,11 @@ TEST(DocMask, GenerateSeesTheLastDocumentOnly) {
     SCOPED_TRACE(c.arch);
     torch::manual_seed(2);
     LM m = build_model(c, kV);
+    {  // sharper than the init (whose greedy tokens hardly depend on the context)
+      torch::NoGradGuard ng;
+      for (auto& t : m->parameters())
+        if (t.dim() > 1) t.mul_(6);
+    }
     SampleOptions o;
     o.temperature = 0;
     o.max_new_tokens = 40;
