@@ -14,7 +14,8 @@
 // dx = (dloss + dz 2 z lse) exp(x - lse) - dloss [j = t], the same one pass with another scale.
 // Attention. Per head, row-major: S = scale q k^T, P = causal softmax of S (the loss's row
 // helpers), y = P v; backward dv = P^T dy, dP = dy v^T, dS = P (dP - rowsum(P dP)),
-// dq = scale dS k, dk = scale dS^T q.
+// dq = scale dS k, dk = scale dS^T q. With documents (data.doc_mask) the same on each document's
+// diagonal block of S alone: a query never sees another document, so the other blocks are skipped.
 #include "models/cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -347,14 +348,15 @@ void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, in
   sgemm()(&b, &a, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
 }
 
-// Row i of S (T x T) -> the softmax of its first i + 1 entries, zeros after.
-void causal_softmax_rows(float* S, int T) {
-  for (int i = 0; i < T; ++i) {
-    float* row = S + static_cast<int64_t>(i) * T;
+// Row i of an L x L block of S (rows ld apart) -> the softmax of its first i + 1 entries, zeros
+// after (to the block's edge).
+void causal_softmax_rows(float* S, int L, int ld) {
+  for (int i = 0; i < L; ++i) {
+    float* row = S + static_cast<int64_t>(i) * ld;
     float m_logs[2];
     row_lse(row, i + 1, m_logs);
     row_softmax(row, row, i + 1, m_logs, 1.0f);
-    std::fill(row + i + 1, row + T, 0.0f);
+    std::fill(row + i + 1, row + L, 0.0f);
   }
 }
 
@@ -364,13 +366,35 @@ struct Heads {  // where head h of sequence b lives in the packed tensors
   int64_t out(int64_t b, int64_t h) const { return b * T * C + h * hd; }
 };
 
+// The attention's blocks per row: the documents' first positions and T, from doc_start (B, T)
+// (models/lm.h's DocMask::start: a document begins where start[i] == i); empty: [0, T), one block.
+std::vector<std::vector<int>> document_blocks(const torch::Tensor& doc_start, int64_t B, int64_t T) {
+  std::vector<std::vector<int>> rows(static_cast<size_t>(B));
+  const int64_t* st = doc_start.numel() > 0 ? doc_start.data_ptr<int64_t>() : nullptr;
+  for (int64_t b = 0; b < B; ++b) {
+    auto& r = rows[static_cast<size_t>(b)];
+    r.push_back(0);
+    for (int64_t i = 1; st && i < T; ++i)
+      if (st[b * T + i] == i) r.push_back(static_cast<int>(i));
+    r.push_back(static_cast<int>(T));
+  }
+  return rows;
+}
+
 struct CausalAttentionQKV : torch::autograd::Function<CausalAttentionQKV> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv, int64_t n_head) {
+  // doc_start: empty (an autograd Function's tensor argument must be defined), or (B, T) int64
+  // (data.doc_mask): each document is a block of its own,
+  // causal inside, and the products outside the blocks are never computed. One block [0, T) is
+  // the same calls, the same bits, as the plain causal attention.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv, int64_t n_head,
+                               const torch::Tensor& doc_start) {
     RECORD_FUNCTION("lm::causal_attention", std::vector<c10::IValue>({qkv}));
     const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hd = C / n_head;
     const Heads at{T, C, hd};
+    const auto blocks = document_blocks(doc_start, B, T);
     auto y = torch::empty({B, T, C}, qkv.options());
-    auto P = torch::empty({B * n_head, T, T}, qkv.options());  // attention weights, kept for backward
+    // Attention weights, kept for backward: (B*H, T, T), written only in the documents' blocks.
+    auto P = torch::empty({B * n_head, T, T}, qkv.options());
     const float* x = qkv.data_ptr<float>();
     float *py = y.data_ptr<float>(), *pp = P.data_ptr<float>();
     const int t = static_cast<int>(T), d = static_cast<int>(hd), ld = static_cast<int>(3 * C), ldy = static_cast<int>(C);
@@ -380,14 +404,20 @@ struct CausalAttentionQKV : torch::autograd::Function<CausalAttentionQKV> {
     // 2.5% slower than LibTorch's bmm path; this order made it 3% faster.)
     for (int64_t bh = 0; bh < B * n_head; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head;
-      const float* q = x + at.qkv(b, h);
-      float* S = pp + bh * T * T;
-      gemm(false, true, t, t, d, scale, q, ld, q + C, ld, 0.0f, S, t);  // S = scale q k^T
-      causal_softmax_rows(S, t);
-      gemm(false, false, t, d, t, 1.0f, S, t, q + 2 * C, ld, 0.0f, py + at.out(b, h), ldy);  // y = P v
+      const auto& r = blocks[static_cast<size_t>(b)];
+      for (size_t k = 0; k + 1 < r.size(); ++k) {  // the document [s, s + L)
+        const int s = r[k], L = r[k + 1] - r[k];
+        const float* q = x + at.qkv(b, h) + static_cast<int64_t>(s) * ld;
+        float* S = pp + bh * T * T + static_cast<int64_t>(s) * t + s;
+        gemm(false, true, L, L, d, scale, q, ld, q + C, ld, 0.0f, S, t);  // S = scale q k^T
+        causal_softmax_rows(S, L, t);
+        gemm(false, false, L, d, L, 1.0f, S, t, q + 2 * C, ld, 0.0f, py + at.out(b, h) + static_cast<int64_t>(s) * ldy,
+             ldy);  // y = P v
+      }
     }
     ctx->save_for_backward({qkv, P});
     ctx->saved_data["n_head"] = n_head;
+    ctx->saved_data["doc_start"] = doc_start;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -398,6 +428,7 @@ struct CausalAttentionQKV : torch::autograd::Function<CausalAttentionQKV> {
     const int64_t n_head = ctx->saved_data["n_head"].toInt();
     const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hd = C / n_head;
     const Heads at{T, C, hd};
+    const auto blocks = document_blocks(ctx->saved_data["doc_start"].toTensor(), B, T);
     auto dy = grads[0].contiguous();
     auto dqkv = torch::empty_like(qkv);
     const float *x = qkv.data_ptr<float>(), *pp = P.data_ptr<float>(), *pdy = dy.data_ptr<float>();
@@ -407,21 +438,26 @@ struct CausalAttentionQKV : torch::autograd::Function<CausalAttentionQKV> {
     std::vector<float> dS(static_cast<size_t>(T * T));
     for (int64_t bh = 0; bh < B * n_head; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head;
-      const float *q = x + at.qkv(b, h), *S = pp + bh * T * T, *g = pdy + at.out(b, h);
-      float* dq = dx + at.qkv(b, h);
-      gemm(true, false, t, d, t, 1.0f, S, t, g, ldy, 0.0f, dq + 2 * C, ld);       // dv = P^T dy
-      gemm(false, true, t, t, d, 1.0f, g, ldy, q + 2 * C, ld, 0.0f, dS.data(), t);  // dP = dy v^T
-      for (int64_t i = 0; i < T; ++i) {  // dS = P (dP - sum_j P dP), row by row; zero past i
-        const float* p = S + i * T;
-        float* r = dS.data() + i * T;
-        float dot = 0;
-        for (int64_t j = 0; j <= i; ++j) dot += p[j] * r[j];
-        for (int64_t j = 0; j < T; ++j) r[j] = p[j] * (r[j] - dot);
+      const auto& r = blocks[static_cast<size_t>(b)];
+      for (size_t k = 0; k + 1 < r.size(); ++k) {  // the document [s, s + L); every row of dqkv is in one
+        const int s = r[k], L = r[k + 1] - r[k];
+        const int64_t s64 = s;
+        const float *q = x + at.qkv(b, h) + s64 * ld, *S = pp + bh * T * T + s64 * t + s, *g = pdy + at.out(b, h) + s64 * ldy;
+        float* dq = dx + at.qkv(b, h) + s64 * ld;
+        gemm(true, false, L, d, L, 1.0f, S, t, g, ldy, 0.0f, dq + 2 * C, ld);       // dv = P^T dy
+        gemm(false, true, L, L, d, 1.0f, g, ldy, q + 2 * C, ld, 0.0f, dS.data(), t);  // dP = dy v^T
+        for (int64_t i = 0; i < L; ++i) {  // dS = P (dP - sum_j P dP), row by row; zero past i
+          const float* p = S + i * T;
+          float* row = dS.data() + i * T;
+          float dot = 0;
+          for (int64_t j = 0; j <= i; ++j) dot += p[j] * row[j];
+          for (int64_t j = 0; j < L; ++j) row[j] = p[j] * (row[j] - dot);
+        }
+        gemm(false, false, L, d, L, scale, dS.data(), t, q + C, ld, 0.0f, dq, ld);  // dq = scale dS k
+        gemm(true, false, L, d, L, scale, dS.data(), t, q, ld, 0.0f, dq + C, ld);   // dk = scale dS^T q
       }
-      gemm(false, false, t, d, t, scale, dS.data(), t, q + C, ld, 0.0f, dq, ld);  // dq = scale dS k
-      gemm(true, false, t, d, t, scale, dS.data(), t, q, ld, 0.0f, dq + C, ld);   // dk = scale dS^T q
     }
-    return {dqkv, torch::Tensor()};
+    return {dqkv, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -474,10 +510,15 @@ bool causal_attention_qkv_applies(const torch::Tensor& qkv) {
          qkv.layout() == torch::kStrided && sgemm() != nullptr;
 }
 
-torch::Tensor causal_attention_qkv(const torch::Tensor& qkv, int64_t n_head) {
+torch::Tensor causal_attention_qkv(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& doc_start) {
   TORCH_CHECK(causal_attention_qkv_applies(qkv), "causal_attention_qkv: needs a CPU float32 (B, T, 3C) tensor and BLAS");
   TORCH_CHECK(qkv.size(2) % (3 * n_head) == 0, "causal_attention_qkv: ", qkv.size(2), " not 3 x ", n_head, " heads");
-  return CausalAttentionQKV::apply(qkv.contiguous(), n_head);
+  if (!doc_start.defined()) return CausalAttentionQKV::apply(qkv.contiguous(), n_head, torch::empty({0}, torch::kLong));
+  TORCH_CHECK(doc_start.device().is_cpu() && doc_start.scalar_type() == torch::kLong && doc_start.dim() == 2 &&
+                  doc_start.size(0) == qkv.size(0) && doc_start.size(1) == qkv.size(1),
+              "causal_attention_qkv: doc_start must be CPU int64 (B, T) = (", qkv.size(0), ", ", qkv.size(1), "), got ",
+              doc_start.sizes());
+  return CausalAttentionQKV::apply(qkv.contiguous(), n_head, doc_start.contiguous());
 }
 
 }  // namespace lm

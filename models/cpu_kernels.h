@@ -38,7 +38,10 @@ torch::Tensor cross_entropy_z_sum(const torch::Tensor& logits, const torch::Tens
 // gradient (no concatenation) with four sgemms per head. The attention weights (B*H, T, T) are
 // kept for the backward, as LibTorch's softmax keeps them. Used on LibTorch 1.13 (2.x has SDPA),
 // only without dropout. BLAS is the sgemm_ LibTorch itself calls, looked up in the process.
+// doc_start (data.doc_mask): undefined, or (B, T) CPU int64, the first position of each position's
+// document (models/lm.h's DocMask::start): each document is one block of its own, causal inside, and
+// the products outside the documents' blocks are skipped (T^2 -> the sum of the documents' L^2).
 bool causal_attention_qkv_applies(const torch::Tensor& qkv);  // CPU float32 (B, T, 3C) and BLAS found
-torch::Tensor causal_attention_qkv(const torch::Tensor& qkv, int64_t n_head);
+torch::Tensor causal_attention_qkv(const torch::Tensor& qkv, int64_t n_head, const torch::Tensor& doc_start = {});
 
 }  // namespace lm

@@ -32,9 +32,9 @@ BlockImpl::BlockImpl(const ModelConfig& c) : n_head(c.n_head), dropout(c.dropout
   fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t layer) {
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t layer, const DocMask* docs) {
   auto packed = qkv->forward(gpt_norm(ln1, x));  // (B, T, 3C): q | k | v
-  auto y = proj->forward(causal_self_attention(packed, n_head, dropout, is_training(), cache, layer));
+  auto y = proj->forward(causal_self_attention(packed, n_head, dropout, is_training(), cache, layer, docs));
   auto h = x + F::dropout(y, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
   auto m = fc2->forward(gelu_tanh(fc->forward(gpt_norm(ln2, h))));
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
@@ -73,7 +73,8 @@ void GPTImpl::init_weights() {
 torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const int64_t T = idx.size(1), P = cache ? cache->pos : 0;
   TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
-  auto pos = torch::arange(P, P + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  const DocMask docs = doc_mask_now(idx, cache);  // data.doc_mask: positions restart at each document
+  auto pos = docs.defined() ? docs.pos : torch::arange(P, P + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte->forward(idx) + wpe->forward(pos);  // (B, T, C)
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) x = x.to(*dtype);
@@ -81,8 +82,9 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const bool checkpoint = checkpoint_blocks_now(cache);
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto block = blocks->ptr<BlockImpl>(i);
-    x = checkpoint ? checkpoint_block([block](const torch::Tensor& in) { return block->forward(in); }, x, block->parameters())
-                   : block->forward(x, cache, i);
+    x = checkpoint ? checkpoint_block([block, docs](const torch::Tensor& in) { return block->forward(in, nullptr, 0, &docs); },
+                                      x, block->parameters())
+                   : block->forward(x, cache, i, &docs);
   }
   if (cache) cache->pos += T;
   return gpt_norm(lnf, x);

@@ -17,8 +17,10 @@ namespace lm {
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl(const ModelConfig& c);
-  // x: (B, T, C) -> (B, T, C) in x's dtype; with a cache, x holds the positions after the cached ones.
-  torch::Tensor forward(const torch::Tensor& x, KVCache* cache = nullptr, size_t layer = 0);
+  // x: (B, T, C) -> (B, T, C) in x's dtype; with a cache, x holds the positions after the cached ones;
+  // docs: the documents' attention mask (data.doc_mask, lm.h), or null.
+  torch::Tensor forward(const torch::Tensor& x, KVCache* cache = nullptr, size_t layer = 0,
+                        const DocMask* docs = nullptr);
 
   int64_t n_head;
   double dropout;
@@ -33,7 +35,8 @@ struct GPTImpl : LMImpl {
 
   // idx: (B, T) int64, T <= seq_len -> lnf's output (B, T, C); under numerics.bf16_residual and
   // autocast, the residual stream from the embeddings on, the LayerNorms and this output are in
-  // autocast's dtype (llm.c's layout), else fp32 (LayerNorm autocasts to fp32).
+  // autocast's dtype (llm.c's layout), else fp32 (LayerNorm autocasts to fp32). Under
+  // numerics.doc_eos (data.doc_mask) the learned positions restart at each document.
   torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
   torch::Tensor head_weight() override { return wte->weight; }  // tied head
 

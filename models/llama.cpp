@@ -38,7 +38,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
   auto shape = x.sizes().vec();
   auto pairs = x.reshape({shape[0], shape[1], shape[2], shape[3] / 2, 2});
   auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);  // (B, T, h, hd/2)
-  auto c = cos.view({1, cos.size(0), 1, cos.size(1)}), s = sin.view({1, sin.size(0), 1, sin.size(1)});
+  // (T, hd/2): the same positions in every row; (B, T, hd/2): per row (data.doc_mask).
+  auto c = cos.dim() == 3 ? cos.unsqueeze(2) : cos.view({1, cos.size(0), 1, cos.size(1)});
+  auto s = sin.dim() == 3 ? sin.unsqueeze(2) : sin.view({1, sin.size(0), 1, sin.size(1)});
   return torch::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).view(shape).to(x.scalar_type());
 }
 
@@ -51,7 +53,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& c)
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                          KVCache* cache, size_t layer) {
+                                          KVCache* cache, size_t layer, const DocMask* docs) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = apply_rope(wq->forward(x).view({B, T, n_head, head_dim}), cos, sin).transpose(1, 2);
   auto k = apply_rope(wk->forward(x).view({B, T, n_kv_head, head_dim}), cos, sin).transpose(1, 2);
@@ -62,7 +64,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     k = k.unsqueeze(2).expand({B, n_kv_head, rep, S, head_dim}).reshape({B, n_head, S, head_dim});
     v = v.unsqueeze(2).expand({B, n_kv_head, rep, S, head_dim}).reshape({B, n_head, S, head_dim});
   }
-  auto y = causal_attention(q, k, v, 0.0, is_training());  // (B, H, T, hd)
+  auto y = causal_attention(q, k, v, 0.0, is_training(), docs);  // (B, H, T, hd)
   return wo->forward(merge_heads(y));
 }
 
@@ -85,8 +87,8 @@ LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& c) {
 }
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                                      KVCache* cache, size_t layer) {
-  auto h = x + attention->forward(attention_norm->forward(x), cos, sin, cache, layer);
+                                      KVCache* cache, size_t layer, const DocMask* docs) {
+  auto h = x + attention->forward(attention_norm->forward(x), cos, sin, cache, layer, docs);
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
@@ -132,15 +134,23 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
   if (cos_.device() != idx.device()) cos_ = cos_.to(idx.device()), sin_ = sin_.to(idx.device());
   auto cos = cos_.slice(0, P, P + T), sin = sin_.slice(0, P, P + T);
+  const DocMask docs = doc_mask_now(idx, cache);  // data.doc_mask: RoPE's positions restart at each document
+  if (docs.defined()) {
+    const int64_t B = idx.size(0), half = cos_.size(1);
+    cos = cos_.index_select(0, docs.pos.reshape({-1})).view({B, T, half});
+    sin = sin_.index_select(0, docs.pos.reshape({-1})).view({B, T, half});
+  }
   auto h = tok_embeddings->forward(idx);  // (B, T, C)
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) h = h.to(*dtype);
   const bool checkpoint = checkpoint_blocks_now(cache);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto block = layers->ptr<LlamaBlockImpl>(i);
-    h = checkpoint ? checkpoint_block([block, cos, sin](const torch::Tensor& in) { return block->forward(in, cos, sin); },
+    h = checkpoint ? checkpoint_block([block, cos, sin, docs](const torch::Tensor& in) {
+                                        return block->forward(in, cos, sin, nullptr, 0, &docs);
+                                      },
                                       h, block->parameters())
-                   : block->forward(h, cos, sin, cache, i);
+                   : block->forward(h, cos, sin, cache, i, &docs);
   }
   if (cache) cache->pos += T;
   return norm->forward(h);

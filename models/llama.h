@@ -29,9 +29,10 @@ TORCH_MODULE(RMSNorm);
 
 struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const ModelConfig& c);
-  // x: (B, T, C); cos, sin: (T, hd/2) for the positions of x.
+  // x: (B, T, C); cos, sin: (T, hd/2) for the positions of x, or (B, T, hd/2) (data.doc_mask:
+  // positions restart at each document); docs: the documents' attention mask (lm.h), or null.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, KVCache* cache,
-                        size_t layer);
+                        size_t layer, const DocMask* docs = nullptr);
   int64_t n_head, n_kv_head, head_dim;
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
@@ -49,7 +50,7 @@ struct LlamaBlockImpl : torch::nn::Module {
   // x: (B, T, C) -> (B, T, C) in x's dtype: x + attention(norm(x)), then h + feed_forward(norm(h));
   // cos, sin: (T, hd/2) for the positions of x; with a cache, x holds the positions after the cached ones.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        KVCache* cache = nullptr, size_t layer = 0);
+                        KVCache* cache = nullptr, size_t layer = 0, const DocMask* docs = nullptr);
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
   LlamaAttention attention{nullptr};
   FeedForward feed_forward{nullptr};
@@ -60,7 +61,8 @@ struct LlamaImpl : LMImpl {
   LlamaImpl(const ModelConfig& c, int64_t vocab_size);
 
   // The final norm's output (B, T, C): fp32, or under numerics.bf16_residual and autocast, with
-  // the residual stream from the embedding on, in autocast's dtype.
+  // the residual stream from the embedding on, in autocast's dtype. Under numerics.doc_eos
+  // (data.doc_mask) RoPE's positions restart at each document.
   torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
   torch::Tensor head_weight() override { return output ? output->weight : tok_embeddings->weight; }
 
@@ -79,7 +81,8 @@ struct LlamaImpl : LMImpl {
 };
 TORCH_MODULE(Llama);
 
-// Rotates interleaved pairs of x (B, T, h, hd) by the angles whose cos/sin (T, hd/2) are given.
+// Rotates interleaved pairs of x (B, T, h, hd) by the angles whose cos/sin (T, hd/2) are given, or
+// (B, T, hd/2) per row (data.doc_mask).
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 }  // namespace lm

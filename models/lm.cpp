@@ -48,6 +48,30 @@ int64_t LMImpl::num_params() const {
   return n;
 }
 
+DocMask doc_mask_of(const torch::Tensor& idx, int64_t eos) {
+  const int64_t B = idx.size(0), T = idx.size(1);
+  auto ar = torch::arange(T, idx.options().dtype(torch::kLong));
+  DocMask m;
+  // Position i starts a document when i = 0 or idx[i-1] is EOS; start[i] = the last such i' <= i.
+  if (idx.device().is_cpu()) {  // one pass on the host (LibTorch 1.13's CPU cummax took ~0.5 ms a row)
+    auto in = idx.to(torch::kLong).contiguous();
+    m.start = torch::empty({B, T}, torch::kLong);
+    const int64_t* x = in.data_ptr<int64_t>();
+    int64_t* st = m.start.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0, s = 0; i < T; ++i) {
+        if (i > 0 && x[b * T + i - 1] == eos) s = i;
+        st[b * T + i] = s;
+      }
+  } else {
+    auto after_eos = torch::zeros(idx.sizes(), idx.options().dtype(torch::kBool));
+    if (T > 1) after_eos.slice(1, 1, T).copy_(idx.slice(1, 0, T - 1) == eos);
+    m.start = std::get<0>(torch::cummax(ar.expand_as(idx) * after_eos, 1));  // i where a document starts, else 0
+  }
+  m.pos = ar - m.start;
+  return m;
+}
+
 std::pair<torch::Tensor, torch::Tensor> cache_append(KVCache* cache, size_t layer, torch::Tensor k, torch::Tensor v) {
   if (cache->k.size() <= layer) cache->k.resize(layer + 1), cache->v.resize(layer + 1);
   if (cache->k[layer].defined()) {

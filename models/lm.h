@@ -30,7 +30,24 @@ struct Numerics {
   // loss_terms(): the z-loss z_loss x logsumexp(logits)^2 per target token beside the cross-entropy
   // (optim.z_loss); 0 = none (loss_terms() is loss_sum()).
   double z_loss = 0;
+  // data.doc_mask: the EOS id whose documents the forward keeps apart (doc_mask_of below); -1 = off,
+  // the window is one sequence. Only without a KV cache (generation crops its context to the
+  // document instead: trainer/generate/generate.h).
+  int64_t doc_eos = -1;
 };
+
+// The documents of packed windows (data.doc_mask): a document ends at its EOS token, the token after
+// an EOS starts the next one, and a window's first token starts one (a document cut by the window's
+// edge is the piece inside). start (B, T) int64: the index of the first token of each position's
+// document; pos (B, T) int64: the position inside it (arange - start). Attention lets query i see
+// key j iff start[i] <= j <= i; positions (GPT's learned ones, Llama's RoPE) restart at 0 with each
+// document. Undefined tensors: no document mask.
+struct DocMask {
+  torch::Tensor start, pos;
+  bool defined() const { return start.defined(); }
+};
+// From the input tokens idx (B, T) and the EOS id, on idx's device.
+DocMask doc_mask_of(const torch::Tensor& idx, int64_t eos);
 
 // The training objective's terms, summed over targets != -1 (the trainer back-propagates ce + z and
 // logs them apart): the cross-entropy, and the z-loss (undefined where numerics.z_loss is 0).
@@ -73,6 +90,10 @@ struct LMImpl : torch::nn::Module {
   // grad enabled and no KV cache (evaluation and generation keep nothing for a backward anyway).
   bool checkpoint_blocks_now(const KVCache* cache) const {
     return numerics.checkpoint_blocks && !cache && is_training() && torch::GradMode::is_enabled();
+  }
+  // The documents of idx when numerics.doc_eos >= 0 and there is no KV cache; else undefined.
+  DocMask doc_mask_now(const torch::Tensor& idx, const KVCache* cache) const {
+    return numerics.doc_eos >= 0 && !cache ? doc_mask_of(idx, numerics.doc_eos) : DocMask{};
   }
 };
 TORCH_MODULE(LM);

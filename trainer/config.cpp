@@ -88,6 +88,9 @@ void describe_data(Schema& s, DataConfig& d) {
   s.choice("data.verify", &d.verify, "shard checksums: lazy = each shard on its first open, full = all at start",
            data_choices::verify);
   s.boolean("data.reuse_batch", &d.reuse_batch, "benchmark only: every step re-trains the first step's batches (no reading)");
+  s.boolean("data.doc_mask", &d.doc_mask, "packed: attention never crosses a document boundary (an EOS token ends its "
+            "document) and positions (gpt's learned ones, llama's RoPE) restart at each document; validation too; "
+            "refused with data.mode=bucketed (a row is one document)");
   s.text("data.cache_dir", &d.cache_dir, "remote datasets: the local shard cache, shared by every run that names it",
          "non-empty path");
   s.number("data.cache_limit_mb", &d.cache_limit_mb, "remote datasets: MiB the shard cache may hold", 0, true);

@@ -11,8 +11,8 @@
 
 namespace lm {
 
-ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, Comm* comm, int rank, int world) {
+ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, int64_t eos_id,
+                             const torch::Device& device, RngStreams& rng, Comm* comm, int rank, int world) {
   // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
   const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
@@ -25,9 +25,13 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.model->numerics.bf16_residual = cfg.train.bf16_residual;
   m.model->numerics.checkpoint_blocks = cfg.train.checkpoint_blocks();
   m.model->numerics.z_loss = cfg.optim.z_loss;
+  m.model->numerics.doc_eos = cfg.data.doc_mask ? eos_id : -1;
   if (rank == 0) {  // before seed_rank: a dropout in the probe draws from the stream seed_rank resets
     log::info(describe_attention(cfg.model, cfg.train.micro_batch_size, cfg.train.bf16() ? torch::kBFloat16 : torch::kFloat,
-                                 device, /*train=*/true));
+                                 device, /*train=*/true, cfg.data.doc_mask));
+    if (cfg.data.doc_mask)
+      log::info(strf("documents: attention within each document, positions restarting at each (data.doc_mask; EOS id %lld)",
+                     (long long)eos_id));
     log::info(strf("loss: %s (train.fused_loss=%s)%s; residual stream %s (train.bf16_residual)",
                    m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
                    cfg.train.fused_loss.c_str(),

@@ -37,11 +37,12 @@ struct ModelParts {
   void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
 };
 
-// vocab: the padded vocabulary; data_vocab: the data's (for the log line). comm: the run's process
-// group (nullptr: none). The optimizer is built over the ranges of the flat parameters the
+// vocab: the padded vocabulary; data_vocab: the data's (for the log line); eos_id: the data's EOS,
+// whose documents the model keeps apart under data.doc_mask (Numerics::doc_eos). comm: the run's
+// process group (nullptr: none). The optimizer is built over the ranges of the flat parameters the
 // parallelism gives this rank. Throws ConfigError for optim.fused, optim.free_grads or
 // optim.clip_in_step (resolve_grad_path) before building anything.
-ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, const torch::Device& device,
-                             RngStreams& rng, Comm* comm, int rank, int world);
+ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, int64_t eos_id,
+                             const torch::Device& device, RngStreams& rng, Comm* comm, int rank, int world);
 
 }  // namespace lm

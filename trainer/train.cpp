@@ -186,7 +186,8 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     configure_math(cfg_.train, device_);
-    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), device_, rng_, comm_.get(), rank_, world_);
+    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
+                           comm_.get(), rank_, world_);
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and

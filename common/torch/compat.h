@@ -104,15 +104,34 @@ inline torch::Tensor sdpa_causal(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+// Scaled-dot-product attention under a boolean mask (true = attend), broadcast to (B, H, T, S),
+// not causal by itself (data.doc_mask: the documents' block-diagonal causal mask). On CUDA the
+// memory-efficient kernel takes a mask (2.1+; flash does not), else the math kernel; on the CPU the
+// math kernel (2.x before the CPU flash kernel took masks) or the CPU flash kernel.
+// REQUIRES: kHasSdpa.
+inline torch::Tensor sdpa_masked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& mask, double dropout_p) {
+#if LM_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, /*is_causal=*/false);
+#else
+  (void)k, (void)v, (void)mask, (void)dropout_p;
+  TORCH_CHECK(false, "scaled_dot_product_attention needs LibTorch >= 2.0");
+  return q;
+#endif
+}
+
 // The kernel at::scaled_dot_product_attention picks for these inputs, causal, no mask
 // (at::_fused_sdp_choice; at::SDPBackend in 2.6: 0 math, 1 flash, 2 memory-efficient, 3 cuDNN,
 // 4 overrideable); -1 where LibTorch has no SDPA. 2.1 added `scale`, 2.5 `enable_gqa`, both
-// defaulted after the six arguments given here.
-inline int64_t sdpa_choice(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout_p) {
+// defaulted after the six arguments given here. With a boolean `mask`: sdpa_masked's choice (not
+// causal, the mask given).
+inline int64_t sdpa_choice(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout_p,
+                           const torch::Tensor& mask = {}) {
 #if LM_TORCH_AT_LEAST(2, 0)
+  if (mask.defined()) return at::_fused_sdp_choice(q, k, v, mask, dropout_p, /*is_causal=*/false);
   return at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
 #else
-  (void)q, (void)k, (void)v, (void)dropout_p;
+  (void)q, (void)k, (void)v, (void)dropout_p, (void)mask;
   return -1;
 #endif
 }

@@ -119,6 +119,8 @@ void validate(const DataConfig& c, int64_t seq_len) {
   range("remote_ahead", c.remote_ahead, data_ranges::remote_ahead);
   if (!(c.remote_timeout_s > 0)) fail("remote_timeout_s", "must be > 0, got " + std::to_string(c.remote_timeout_s));
   if (c.cache_dir.empty()) fail("cache_dir", "must not be empty");
+  if (c.doc_mask && c.bucketed())
+    fail("doc_mask", "applies to data.mode=packed only (a bucketed row is one document already)");
   if (c.bucketed() && c.token_budget > 0 && c.token_budget < seq_len)
     fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
                              std::to_string(c.token_budget));

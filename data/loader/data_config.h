@@ -79,6 +79,9 @@ struct DataConfig {
   int64_t token_budget = 0;
   std::string verify = "lazy";
   bool reuse_batch = false;
+  // The model keeps a packed window's documents apart (models/lm.h: DocMask); the loader's batches
+  // are the same either way.
+  bool doc_mask = false;
   // The choices as the code asks them (the one place their strings are compared).
   bool bucketed() const { return mode == "bucketed"; }
   bool split_long_docs() const { return long_docs == "split"; }

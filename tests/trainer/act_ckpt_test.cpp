@@ -100,6 +100,40 @@ TEST_F(ActCkptE2E, TwoRanksGlooBlockEqualsNone) {
                               2);
 }
 
+// data.doc_mask with activation checkpointing: the checkpointed blocks rerun with the same documents'
+// mask and positions (GPT and Llama; GPT on two ranks over Gloo).
+// Checked to fail with the checkpointed blocks given no documents (GPT's, then Llama's lambda).
+TEST_F(ActCkptE2E, DocMaskGptBlockEqualsNone) {
+  ac_expect_block_equals_none(data_, "configs/tiny.yaml", {"data.doc_mask=true", "train.grad_accum=2"}, 6);
+}
+TEST_F(ActCkptE2E, DocMaskLlamaBlockEqualsNone) {
+  ac_expect_block_equals_none(data_, "configs/llama-tiny.yaml", {"data.doc_mask=true"}, 6);
+}
+TEST_F(ActCkptE2E, DocMaskTwoRanksGlooBlockEqualsNone) {
+  ac_expect_block_equals_none(data_, "configs/tiny.yaml",
+                              {"data.doc_mask=true", "train.micro_batch_size=4", "dist.bucket_mb=0.05", "dist.timeout_s=60"},
+                              4, 2);
+}
+
+// data.doc_mask changes what the model computes (the windows of the bytes dataset hold several
+// documents), and the trainer says so at start. Checked to fail with numerics.doc_eos left unset.
+TEST_F(ActCkptE2E, DocMaskChangesTheLossAndIsLogged) {
+  TempDir off, on;
+  for (const auto* dir : {&off, &on}) {
+    auto r = test::run_bin("trainer", ac_args("configs/tiny.yaml", data_, dir->path(),
+                                              {"train.max_steps=2", std::string("data.doc_mask=") + (dir == &on ? "true" : "false")}));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const bool said = r.out.find("documents: attention within each document, positions restarting at each "
+                                 "(data.doc_mask; EOS id 256)") != std::string::npos;
+    EXPECT_EQ(said, dir == &on) << r.out;
+    if (dir == &on) EXPECT_NE(r.out.find("one document block at a time"), std::string::npos) << r.out;
+  }
+  const auto a = ac_losses(off.path()), b = ac_losses(on.path());
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NE(a[0], b[0]);
+}
+
 // With block, the activations are one (B,T,C) input per layer (the residual stream's dtype) and one
 // layer's activations; the refusal line says so.
 TEST(MemoryEstimate, BlockCheckpointingKeepsOneInputPerLayerAndOneBlock) {

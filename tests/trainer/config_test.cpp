@@ -365,6 +365,22 @@ TEST(Config, TrainerRefusesBadScheduleAndZLossValues) {
   }
 }
 
+// data.doc_mask in bucketed mode is refused (a bucketed row is one document already): exit 2, one
+// line naming the key, before any run. Checked to fail with the refusal removed (the run started).
+TEST(Config, TrainerRefusesDocMaskInBucketedMode) {
+  if (!stdfs::exists(test::bin_path("trainer"))) GTEST_SKIP() << "build/bin/trainer is not built";
+  TempDir dir;
+  const auto r = test::run_bin("trainer", {test::source_path("configs/tiny.yaml"), "run.dir=" + dir / "run",
+                                           "data.mode=bucketed", "data.doc_mask=true"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("key 'data.doc_mask': applies to data.mode=packed only (a bucketed row is one document already)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_FALSE(stdfs::exists(dir / "run/metrics.jsonl"));
+  EXPECT_NO_THROW(load_config(test::source_path("configs/tiny.yaml"), {"data.doc_mask=true"}));
+}
+
 // Hostile config files, as a new user would give them: duplicate keys, lists as keys, invalid
 // UTF-8, a directory as the config. Each is one line naming the file and line.
 // The ConfigError message of load_config(path), or "" (a test failure) when it is accepted.

@@ -197,6 +197,13 @@ TEST_F(ResumeE2E, TwoRanks) {
   expect_exact_resume(data_, {"model.dropout=0.1", "train.micro_batch_size=4"}, 2);
 }
 
+// data.doc_mask: the documents' mask is a function of the batch alone, so a resumed run computes
+// what the uncut one did, with activation checkpointing and gradient accumulation.
+// Checked to fail with a mask that depends on the process's history (doc_mask_of off after 40 calls).
+TEST_F(ResumeE2E, DocMaskActivationCheckpointingGradAccum) {
+  expect_exact_resume(data_, {"data.doc_mask=true", "train.activation_checkpointing=block", "train.grad_accum=2"});
+}
+
 }  // namespace
 }  // namespace lm
 

@@ -41,7 +41,14 @@ std::vector<int64_t> generate(LM& model, std::vector<int64_t> prompt, const Samp
   KVCache cache;
   int64_t cache_start = 0;  // index in `prompt` of the cache's position 0
   for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
-    const int64_t n = static_cast<int64_t>(prompt.size()), start = std::max<int64_t>(0, n - T);
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    int64_t start = std::max<int64_t>(0, n - T);
+    if (opt.doc_eos >= 0)  // data.doc_mask: the last token's document (it may end with the EOS itself)
+      for (int64_t j = n - 2; j >= start; --j)
+        if (prompt[static_cast<size_t>(j)] == opt.doc_eos) {
+          start = j + 1;
+          break;
+        }
     // The context is prompt[start, n); the cache serves while it starts there too (once the
     // context slides past seq_len, each step fills it anew).
     if (!opt.kv_cache || start != cache_start) cache.clear(), cache_start = start;
@@ -108,6 +115,7 @@ int generate_cli(int argc, char** argv) {
   load_into_module(*model, load_safetensors(weights), weights);
   opt.vocab_limit = data_vocab;
   const auto eos = static_cast<int64_t>(tok->info().eos_id);
+  if (cfg.data.doc_mask) opt.doc_eos = eos;  // the prompt is one document, positions from 0 (generate.h)
   std::vector<int64_t> ids{eos};
   for (auto t : tok->encode(prompt)) ids.push_back(t);
   torch::manual_seed(static_cast<uint64_t>(seed));
