@@ -126,7 +126,9 @@ TEST_F(ActCkptE2E, DocMaskChangesTheLossAndIsLogged) {
     const bool said = r.out.find("documents: attention within each document, positions restarting at each "
                                  "(data.doc_mask; EOS id 256)") != std::string::npos;
     EXPECT_EQ(said, dir == &on) << r.out;
-    if (dir == &on) EXPECT_NE(r.out.find("one document block at a time"), std::string::npos) << r.out;
+    if (dir == &on) {
+      EXPECT_NE(r.out.find("one document block at a time"), std::string::npos) << r.out;
+    }
   }
   const auto a = ac_losses(off.path()), b = ac_losses(on.path());
   ASSERT_EQ(a.size(), 2u);
