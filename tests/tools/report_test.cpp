@@ -512,8 +512,6 @@ TEST(Report, SmoothingAddsFaintRawLines) {
   EXPECT_EQ(count(loss, "<polyline class=\"raw\""), 1u);
 }
 
-}  // namespace
-}  // namespace lm
 
 // eval.tasks: the "task" records become the downstream chart, acc solid and acc_norm dashed per
 // task, at the steps they were scored (the start, step 0, included); a run without them gets the
@@ -544,3 +542,6 @@ TEST(Report, TaskAccuracyCurve) {
   EXPECT_EQ(svg_of(none, "tasks"), "");
   EXPECT_NE(none.find("<li data-chart=\"tasks\">"), std::string::npos);
 }
+
+}  // namespace
+}  // namespace lm

@@ -437,11 +437,11 @@ TEST(Config, EvalTasksParsePrintAndRefuse) {
   EXPECT_EQ(load_config("", {"eval.tasks=[{name: a, path: b}]"}).eval.tasks.at(0).path, "b");
   EXPECT_TRUE(load_config("", {}).eval.tasks.empty());
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"eval.tasks=[{name: a}]", "entry 1: needs a name and a path"},
-      {"eval.tasks=[{path: a}]", "entry 1: needs a name and a path"},
+      {"eval.tasks=[{name: a}]", "entry 1 (line 1): needs a name and a path"},
+      {"eval.tasks=[{path: a}]", "entry 1 (line 1): needs a name and a path"},
       {"eval.tasks=[{name: a b, path: x}]", "name 'a b': letters, digits"},
       {"eval.tasks=[{name: a, path: x, kind: generate}]", "kind 'generate': the one kind is multiple_choice"},
-      {"eval.tasks=[{name: a, path: x}, {name: a, path: y}]", "entry 2: a second task named 'a'"},
+      {"eval.tasks=[{name: a, path: x}, {name: a, path: y}]", "entry 2 (line 1): a second task named 'a'"},
       {"eval.tasks=[{name: a, path: x, label: 1}]", "unknown key 'label'"},
       {"eval.tasks=a.jsonl", "expected a list of maps"},
   };
