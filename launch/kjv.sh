@@ -46,6 +46,18 @@ for a in "$@"; do case "$a" in run.dir=*) run_dir=${a#run.dir=} ;; esac; done
 echo
 echo "== summary ($run_dir/summary.json)"
 cat "$run_dir/summary.json"
+echo "== loss and cloze accuracy, first -> last"
+python3 - "$run_dir/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+line = f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}"
+if s.get("val_loss") is not None:
+    line += f" | val loss {s['val_loss']:.4f}"
+for name, t in s.get("tasks", {}).items():
+    line += (f" | {name} acc {100 * t['first_acc']:.1f}% -> {100 * t['acc']:.1f}% (acc_norm "
+             f"{100 * t['first_acc_norm']:.1f}% -> {100 * t['acc_norm']:.1f}%, {t['examples']} held-out verses)")
+print(line)
+PY
 echo "== sample (build/bin/generate --run $run_dir --prompt 'And the LORD' --tokens 120 --seed 1)"
 build/bin/generate --run "$run_dir" --prompt "And the LORD" --tokens 120 --seed 1
 phase sample
