@@ -20,33 +20,36 @@ bash launch/deps.sh job
 phase deps
 bash launch/build.sh trainer prep generate lm_tokenizer
 phase build
-# The downstream task (eval.tasks, given to the trainer below): 300 verses held out of the training data
-# (seeded), each a cloze example in shards/kjv_cloze.jsonl (launch/kjv_cloze.py). Shards made
-# before the task existed hold every verse: they are made again.
-if [ -f shards/kjv/manifest.json ] && [ ! -f shards/kjv_cloze.jsonl ]; then
-  echo "prep: shards/kjv has every verse (made before the held-out cloze task): preparing it again"
+# The downstream tasks (eval.tasks, given to the trainer below): 300 verses held out of the training
+# data (seeded), each a cloze example in shards/kjv_cloze.jsonl and a word-order example in
+# shards/kjv_order.jsonl (launch/kjv_cloze.py). Shards made before the tasks existed hold every
+# verse: they are made again.
+if [ -f shards/kjv/manifest.json ] && { [ ! -f shards/kjv_cloze.jsonl ] || [ ! -f shards/kjv_order.jsonl ]; }; then
+  echo "prep: shards/kjv was made before the held-out tasks (kjv_cloze, kjv_order): preparing it again"
   rm -rf shards/kjv
 fi
 if [ ! -f shards/kjv/manifest.json ]; then
   # 31,102 verses, one document per line ("Ge1:1 In the beginning ..."); 30,802 trained on (BPE
-  # with 4096 pieces), 300 held out for the cloze task.
+  # with 4096 pieces), 300 held out for the tasks.
   mkdir -p shards
   tmp=$(mktemp -d)
   bible -f "Gen1:1-Rev22:21" > "$tmp/verses.txt"
-  python3 launch/kjv_cloze.py "$tmp/verses.txt" "$tmp/train.txt" "$tmp/cloze.jsonl"
+  python3 launch/kjv_cloze.py "$tmp/verses.txt" "$tmp/train.txt" "$tmp/cloze.jsonl" "$tmp/order.jsonl"
   build/bin/prep "$tmp/train.txt" --out shards/kjv --tokenizer sentencepiece --vocab-size 4096
   mv "$tmp/cloze.jsonl" shards/kjv_cloze.jsonl
+  mv "$tmp/order.jsonl" shards/kjv_order.jsonl
   rm -rf "$tmp"
 fi
 phase prep
-build/bin/trainer configs/kjv.yaml "eval.tasks=[{name: kjv_cloze, path: shards/kjv_cloze.jsonl}]" "$@"
+build/bin/trainer configs/kjv.yaml \
+  "eval.tasks=[{name: kjv_cloze, path: shards/kjv_cloze.jsonl}, {name: kjv_order, path: shards/kjv_order.jsonl}]" "$@"
 phase train
 run_dir=runs/kjv  # configs/kjv.yaml's run.dir, unless overridden
 for a in "$@"; do case "$a" in run.dir=*) run_dir=${a#run.dir=} ;; esac; done
 echo
 echo "== summary ($run_dir/summary.json)"
 cat "$run_dir/summary.json"
-echo "== loss and cloze accuracy, first -> last"
+echo "== loss and task accuracy (first -> last)"
 python3 - "$run_dir/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -55,7 +58,7 @@ if s.get("val_loss") is not None:
     line += f" | val loss {s['val_loss']:.4f}"
 for name, t in s.get("tasks", {}).items():
     line += (f" | {name} acc {100 * t['first_acc']:.1f}% -> {100 * t['acc']:.1f}% (acc_norm "
-             f"{100 * t['first_acc_norm']:.1f}% -> {100 * t['acc_norm']:.1f}%, {t['examples']} held-out verses)")
+             f"{100 * t['first_acc_norm']:.1f}% -> {100 * t['acc_norm']:.1f}%, {t['examples']} examples)")
 print(line)
 PY
 echo "== sample (build/bin/generate --run $run_dir --prompt 'And the LORD' --tokens 120 --seed 1)"

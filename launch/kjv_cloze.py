@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The main job's downstream task: a cloze test on verses the training never sees.
+"""The main job's downstream tasks: two tests on verses the training never sees.
 
-usage: kjv_cloze.py VERSES TRAIN_OUT CLOZE_OUT [--examples N] [--seed S]
+usage: kjv_cloze.py VERSES TRAIN_OUT CLOZE_OUT ORDER_OUT [--examples N] [--seed S]
 
 VERSES holds one verse per line as `bible` prints them ("Ge1:1 In the beginning God ...").
 N verses (seeded, default 300) are held out: TRAIN_OUT gets every other verse, in order (what prep
@@ -9,8 +9,10 @@ makes the training data of: the held-out verses are in neither its train nor its
 CLOZE_OUT one JSONL example per held-out verse, in the layout of eval.tasks:
   {"context": "Ge1:1 In the beginning God", "choices": [" created the heaven and the earth.", ...], "label": i}
 the context being the reference and the first half of the verse's words, the choices its true second
-half among the second halves of three other held-out verses, at a seeded place. An untrained model
-is near 25%. Deterministic: the same files for the same input and seed.
+half among the second halves of three other held-out verses, at a seeded place; and ORDER_OUT the
+same contexts with the true second half among three seeded shuffles of its own words (the same
+bytes: a test of word order; verses whose second half has fewer than 3 other orders are left out).
+An untrained model is near 25% on both. Deterministic: the same files for the same input and seed.
 """
 import argparse
 import json
@@ -22,6 +24,7 @@ def main():
     ap.add_argument("verses")
     ap.add_argument("train_out")
     ap.add_argument("cloze_out")
+    ap.add_argument("order_out")
     ap.add_argument("--examples", type=int, default=300)
     ap.add_argument("--seed", type=int, default=41)
     a = ap.parse_args()
@@ -50,7 +53,27 @@ def main():
             label = rng.randrange(4)
             choices.insert(label, answer)
             f.write(json.dumps({"context": context, "choices": choices, "label": label}) + "\n")
-    print(f"kjv_cloze: {len(verses) - len(held)} verses to train on, {len(held)} held out as {a.cloze_out}")
+    order = 0
+    with open(a.order_out, "w", encoding="utf-8") as f:
+        for context, answer in parts:
+            words = answer[1:].split(" ")
+            seen, others = {tuple(words)}, []
+            for _ in range(100):
+                w = words[:]
+                rng.shuffle(w)
+                if tuple(w) not in seen:
+                    seen.add(tuple(w))
+                    others.append(" " + " ".join(w))
+                if len(others) == 3:
+                    break
+            if len(others) < 3:
+                continue
+            label = rng.randrange(4)
+            others.insert(label, answer)
+            f.write(json.dumps({"context": context, "choices": others, "label": label}) + "\n")
+            order += 1
+    print(f"kjv_cloze: {len(verses) - len(held)} verses to train on, {len(held)} held out as {a.cloze_out} "
+          f"and {order} of them as {a.order_out}")
 
 
 if __name__ == "__main__":
