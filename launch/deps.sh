@@ -11,6 +11,7 @@ PKGS=(
   libcli11-dev libxxhash-dev libprotobuf-dev protobuf-compiler libisal-dev
   libzstd-dev libcurl4-openssl-dev
   bible-kjv
+  python3  # launch/kjv_cloze.py: the main job's held-out cloze task
 )
 # What only the tests and benchmarks need (the default): GoogleTest, the Python peer, servers, fuzzers.
 if [ "${1:-}" != job ]; then

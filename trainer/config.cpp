@@ -238,8 +238,15 @@ void describe_telemetry(Schema& s, ExperimentConfig& c) {
            "exit 1)", {"continue", "skip", "stop"});
   s.integer("anomaly.max_dumps", &c.anomaly.max_dumps, "anomaly directories written at most", 0);
 
-  s.integer("eval.every_steps", &c.eval.every_steps, "validation loss every N steps and at the end; 0 = only at the end", 0);
+  s.integer("eval.every_steps", &c.eval.every_steps, "validation loss (and eval.tasks) every N steps and at the end; 0 = only at the end", 0);
   s.integer("eval.batches", &c.eval.batches, "validation micro-batches per evaluation; 0 = no validation", 0);
+  EvalConfig* ep = &c.eval;
+  s.structured("eval.tasks", "downstream tasks scored at the start, every eval.every_steps and at the end: "
+               "[{name, path, kind: multiple_choice}], each a JSONL file of {\"context\": text, \"choices\": [text, "
+               "...], \"label\": i}; acc = the choice of highest log-likelihood given the context is the label, "
+               "acc_norm = the same per byte of the choice (lm-eval's acc_norm); context + choice cut from the left "
+               "to model.seq_len; empty = none", "list of maps",
+               [ep](const YAML::Node& n) { parse_tasks(n, &ep->tasks); }, [ep] { return print_tasks(ep->tasks); });
 }
 std::string closest_key(const Schema& s, const std::string& key) {
   std::string best;

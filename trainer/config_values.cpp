@@ -179,4 +179,33 @@ std::string print_stages(const std::vector<StageConfig>& v) {
   return "[" + out + "]";
 }
 
+void parse_tasks(const YAML::Node& n, std::vector<TaskConfig>* out) {
+  out->clear();
+  const YAML::Node& list = list_of(n);
+  for (size_t i = 0; i < list.size(); ++i) {
+    TaskConfig t;
+    each_key(i, list[i], {"name", "path", "kind"}, [&](const std::string& k, const YAML::Node& v) {
+      if (k == "name") t.name = scalar_of(v);
+      if (k == "path") t.path = scalar_of(v);
+      if (k == "kind") t.kind = scalar_of(v);
+    });
+    const std::string where = entry_where(i, list[i]);
+    if (t.name.empty() || t.path.empty()) bad(where + ": needs a name and a path");
+    if (t.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != std::string::npos)
+      bad(where + ": name '" + t.name + "': letters, digits, '_', '.' and '-' only (it names metrics)");
+    if (t.kind != "multiple_choice") bad(where + ": kind '" + t.kind + "': the one kind is multiple_choice");
+    for (const auto& o : *out)
+      if (o.name == t.name) bad(where + ": a second task named '" + t.name + "'");
+    out->push_back(t);
+  }
+}
+
+std::string print_tasks(const std::vector<TaskConfig>& v) {
+  std::string out;
+  for (const auto& t : v)
+    out += (out.empty() ? "{" : ", {") + std::string("name: ") + quote(t.name) + ", path: " + quote(t.path) +
+           ", kind: " + quote(t.kind) + "}";
+  return "[" + out + "]";
+}
+
 }  // namespace lm::config_values

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/loader/data_config.h"
+#include "trainer/train_config.h"
 
 namespace lm::config_values {
 
@@ -32,6 +33,9 @@ void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out);
 void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out);
 std::string print_sources(const std::vector<SourceConfig>& v);
 std::string print_stages(const std::vector<StageConfig>& v);
-std::string sources_doc();  // data.sources' documentation (source_fields(), data_config.h)
+std::string sources_doc();
+// eval.tasks: [{name, path, kind}]; a name [A-Za-z0-9_.-]+ and unique, a path, kind multiple_choice.
+void parse_tasks(const YAML::Node& n, std::vector<TaskConfig>* out);
+std::string print_tasks(const std::vector<TaskConfig>& v);  // data.sources' documentation (source_fields(), data_config.h)
 
 }  // namespace lm::config_values

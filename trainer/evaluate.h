@@ -30,7 +30,7 @@ class Evaluator {
   // Whether a validation runs after optimizer step `step`: every eval.every_steps steps but the
   // last (the end of the run validates once, whatever the step).
   bool due(int64_t step) const {
-    return cfg_.eval.every_steps > 0 && step % cfg_.eval.every_steps == 0 && step != cfg_.train.max_steps;
+    return cfg_.eval.due(step, cfg_.train.max_steps);
   }
   const std::string& dir() const { return manifest_.dir; }
   const std::string& split() const { return split_; }  // "val", or "train" when there is none

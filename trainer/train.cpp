@@ -37,6 +37,7 @@
 #include "trainer/runtime/host_allocator.h"
 #include "trainer/runtime/rng.h"
 #include "trainer/step.h"
+#include "trainer/task_eval.h"
 #include "trainer/stop_signal.h"
 #include "trainer/telemetry/anomaly.h"
 #include "trainer/telemetry/profiler.h"
@@ -127,6 +128,7 @@ class Trainer {
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     m_.model->train();
+    if (tasks_) score_tasks();  // the untrained (or resumed) model's scores, before its first step
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
@@ -141,7 +143,7 @@ class Trainer {
                              (long long)progress_.step, run_dir::weights(cfg_.run.dir).c_str()));
       }
     }
-    if (eval_) evaluate();
+    evaluate();
     if (ckpt_->last_save_step() != progress_.step) save();  // always one at the end
     ckpt_->wait();
     telemetry_.flush();
@@ -167,6 +169,9 @@ class Trainer {
                                              static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
     progress_.loader = loader_.get();
     eval_ = Evaluator::create(cfg_, data_.val_source(), device_, rank_, world_);
+    if (!cfg_.eval.tasks.empty())  // a bad task file is refused here, before anything is written
+      tasks_ = TaskEvaluator::create(cfg_.eval, *load_run_tokenizer(data_),
+                                     {cfg_.model.seq_len, cfg_.train.micro_batch_size, device_, cfg_.train.bf16(), rank_, world_});
   }
 
   // The run directory, this rank's log, and the process group.
@@ -250,7 +255,7 @@ class Trainer {
     const int64_t n = s->step;
     s->mine.save = n != cfg_.train.max_steps && ckpt_->due(n, seconds_since(t0));
     if (update_->deferred() && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
-        n != cfg_.train.max_steps && !(eval_ && eval_->due(n))) {
+        n != cfg_.train.max_steps && !eval_due(n)) {
       profiler_->after_step(++progress_.step);
       update_->hold(std::move(s), batches);
       return true;
@@ -283,7 +288,7 @@ class Trainer {
   // Validation, checkpoints and stops after a step; false when the run stops here.
   bool after_step(const std::string& anomaly, const GlobalStats& all) {
     const int64_t step = progress_.step;
-    if (eval_ && eval_->due(step)) evaluate();
+    if (eval_due(step)) evaluate();
     log_saves();
     if (!anomaly.empty() && cfg_.anomaly.stops()) {
       save_and_wait();
@@ -300,12 +305,18 @@ class Trainer {
     return true;
   }
 
-  // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA).
+  bool eval_due(int64_t step) const { return (eval_ || tasks_) && cfg_.eval.due(step, cfg_.train.max_steps); }
+  // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
+  // the downstream tasks' scores (the trained weights).
   void evaluate() {
+    if (tasks_) score_tasks();
+    if (!eval_) return;
     const double loss = eval_->mean_loss(m_.model, comm_.get());
     const double ema_loss = m_.ema ? m_.ema->with_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); }) : std::nan("");
     telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
   }
+
+  void score_tasks() { telemetry_.task_record(progress_.step, tasks_->score(m_.model, comm_.get())); }
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
@@ -341,6 +352,7 @@ class Trainer {
   std::unique_ptr<SourceTokens> source_tokens_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<Evaluator> eval_;
+  std::unique_ptr<TaskEvaluator> tasks_;  // eval.tasks
   int64_t vocab_ = 0;  // padded
   // Model and state.
   ModelParts m_;  // model, flat parameters, parallelism, optimizer, EMA

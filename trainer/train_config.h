@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lm {
 
@@ -53,9 +54,23 @@ struct AnomalyConfig {
   bool skips() const { return action == "skip"; }
 };
 
+// One downstream task (eval.tasks): a JSONL file of {"context", "choices", "label"} examples,
+// scored by the model's log-likelihood of each choice (trainer/task_eval.h).
+struct TaskConfig {
+  std::string name;                     // the metrics' name: [A-Za-z0-9_.-]+, unique
+  std::string path;                     // the JSONL file
+  std::string kind = "multiple_choice";  // the one kind
+};
+
 struct EvalConfig {
   int64_t every_steps = 0;
   int64_t batches = 20;
+  std::vector<TaskConfig> tasks;
+  // Whether an evaluation runs after optimizer step `step`: every every_steps steps but the last
+  // (the end of the run evaluates once, whatever the step).
+  bool due(int64_t step, int64_t max_steps) const {
+    return every_steps > 0 && step % every_steps == 0 && step != max_steps;
+  }
 };
 
 }  // namespace lm

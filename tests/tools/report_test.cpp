@@ -512,5 +512,36 @@ TEST(Report, SmoothingAddsFaintRawLines) {
   EXPECT_EQ(count(loss, "<polyline class=\"raw\""), 1u);
 }
 
+
+// eval.tasks: the "task" records become the downstream chart, acc solid and acc_norm dashed per
+// task, at the steps they were scored (the start, step 0, included); a run without them gets the
+// chart's note. Checked to fail with the task records left unread in load.cpp (no chart, the note).
+TEST(Report, TaskAccuracyCurve) {
+  TempDir t;
+  FakeRun f;
+  for (int s : {0, 50, 100})
+    f.extra += nlohmann::json({{"kind", "task"}, {"step", s}, {"task", "cloze"}, {"task_acc", 0.25 + s / 200.0},
+                               {"task_acc_norm", 0.3 + s / 400.0}, {"task_examples", 300}, {"task_truncated", 0}})
+                   .dump() + "\n";
+  const std::string h = report({make_run(t, "tasks", f)}, t / "r.html");
+  expect_self_contained(h);
+  const std::string svg = svg_of(h, "tasks");
+  ASSERT_NE(svg, "") << h.substr(h.find("<ul class=\"skipped\">"), 600);
+  EXPECT_EQ(series_lines(svg), 2u);
+  EXPECT_NE(svg.find("data-series=\"task_acc/cloze\" data-n=\"3\""), std::string::npos);
+  EXPECT_NE(svg.find("data-series=\"task_acc_norm/cloze\" data-n=\"3\""), std::string::npos);
+  EXPECT_NE(svg.find("cloze acc = 0.75"), std::string::npos) << "the last acc in a hover title";
+  // Accuracy rises: the last point is higher on the page (smaller y) than the first.
+  auto pts = points_of(svg, "task_acc/cloze");
+  ASSERT_EQ(pts.size(), 3u);
+  EXPECT_GT(pts.front().second, pts.back().second);
+  EXPECT_NE(figure_of(h, "tasks").find("Downstream tasks"), std::string::npos);
+  EXPECT_EQ(h.find("no downstream task scores"), std::string::npos);
+
+  const std::string none = report({make_run(t, "none", {})}, t / "n.html");
+  EXPECT_EQ(svg_of(none, "tasks"), "");
+  EXPECT_NE(none.find("<li data-chart=\"tasks\">"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lm

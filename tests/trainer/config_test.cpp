@@ -433,5 +433,41 @@ TEST(HostileConfig, ListsAsKeysDirectoriesAndInvalidUtf8AreOneLine) {
   EXPECT_EQ(load_config(tmp / "ok.yaml", {}).run.dir, "runs/caf\xC3\xA9-\xE2\x82\xAC-\xF0\x9F\x98\x80");
 }
 
+// eval.tasks: a list of {name, path, kind}, kind defaulting to multiple_choice, printed back and read
+// again from config.yaml's text; a bad entry is one line naming the key, the file's line and the
+// entry. Checked to fail with the duplicate-name check removed from parse_tasks.
+TEST(Config, EvalTasksParsePrintAndRefuse) {
+  TempDir dir;
+  write_text(dir / "c.yaml", "eval:\n  tasks:\n    - {name: cloze, path: /x/c.jsonl}\n    - name: hs\n      path: h.jsonl\n"
+                             "      kind: multiple_choice\n");
+  const auto c = load_config(dir / "c.yaml", {});
+  ASSERT_EQ(c.eval.tasks.size(), 2u);
+  EXPECT_EQ(c.eval.tasks[0].name, "cloze");
+  EXPECT_EQ(c.eval.tasks[0].path, "/x/c.jsonl");
+  EXPECT_EQ(c.eval.tasks[0].kind, "multiple_choice");
+  EXPECT_EQ(c.eval.tasks[1].path, "h.jsonl");
+  write_text(dir / "back.yaml", to_yaml(c));
+  const auto back = load_config(dir / "back.yaml", {});
+  ASSERT_EQ(back.eval.tasks.size(), 2u);
+  EXPECT_EQ(back.eval.tasks[1].name, "hs");
+  EXPECT_EQ(load_config("", {"eval.tasks=[{name: a, path: b}]"}).eval.tasks.at(0).path, "b");
+  EXPECT_TRUE(load_config("", {}).eval.tasks.empty());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"eval.tasks=[{name: a}]", "entry 1 (line 1): needs a name and a path"},
+      {"eval.tasks=[{path: a}]", "entry 1 (line 1): needs a name and a path"},
+      {"eval.tasks=[{name: a b, path: x}]", "name 'a b': letters, digits"},
+      {"eval.tasks=[{name: a, path: x, kind: generate}]", "kind 'generate': the one kind is multiple_choice"},
+      {"eval.tasks=[{name: a, path: x}, {name: a, path: y}]", "entry 2 (line 1): a second task named 'a'"},
+      {"eval.tasks=[{name: a, path: x, label: 1}]", "unknown key 'label'"},
+      {"eval.tasks=a.jsonl", "expected a list of maps"},
+  };
+  for (const auto& [ov, needle] : bad) {
+    const std::string msg = config_error("", {ov});
+    EXPECT_NE(msg.find("key 'eval.tasks'"), std::string::npos) << ov << ": " << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << ov << ": " << msg;
+  }
+  EXPECT_NE(config_error("eval:\n  tasks:\n    - {name: a}\n").find("c.yaml:3"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lm

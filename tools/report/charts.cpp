@@ -185,7 +185,7 @@ Series smooth(const Series& s, double alpha) {
 const char* kDashArray[] = {"", "7 4", "2 3"};  // per series style: solid, dashed, dotted
 
 struct SeriesSpec {
-  const char* key;    // metric name in Run::series
+  std::string key;    // metric name in Run::series
   std::string label;  // legend text
   int style;          // 0 solid line; 1 dashed + markers; 2 dotted + markers
   bool noisy;         // a measurement smoothed with --smooth (not the schedule or memory)
@@ -228,6 +228,30 @@ const std::vector<ChartSpec>& chart_specs() {
        {{rec::kPaddingPct, "padding", 0, true}}, "no padding values (only bucketed data has padding)"},
   };
   return specs;
+}
+
+// The downstream tasks' chart (eval.tasks): each task's acc (solid) and acc_norm (dashed), over the
+// task names any run has; empty series when none has one.
+ChartSpec task_chart(const std::vector<Run>& runs) {
+  ChartSpec c{"tasks", "Downstream tasks", "accuracy (share of examples)", false, true, {},
+              "no downstream task scores (eval.tasks)"};
+  std::set<std::string> names;
+  const std::string prefix = std::string(rec::kTaskAcc) + "/";
+  for (const auto& r : runs)
+    for (const auto& [key, s] : r.series)
+      if (key.rfind(prefix, 0) == 0) names.insert(key.substr(prefix.size()));
+  for (const auto& n : names) {
+    c.series.push_back({task_series(rec::kTaskAcc, n), n + " acc", 0, false});
+    c.series.push_back({task_series(rec::kTaskAccNorm, n), n + " acc_norm", 1, false});
+  }
+  return c;
+}
+
+// Every chart: the fixed ones, then the tasks'.
+std::vector<ChartSpec> all_charts(const std::vector<Run>& runs) {
+  std::vector<ChartSpec> v = chart_specs();
+  v.push_back(task_chart(runs));
+  return v;
 }
 
 // ---- one chart ------------------------------------------------------------------------------
@@ -320,7 +344,7 @@ std::string svg_polyline(const Plot& p, const Line& l, const Series& pts, const 
   px.reserve(pts.size()), py.reserve(pts.size());
   for (auto& q : pts) px.push_back(p.X(q.step)), py.push_back(p.Y(q.value));
   std::string s = strf("<polyline class=\"%s\" data-run=\"%d\" data-series=\"%s\" data-n=\"%zu\" stroke=\"%s\"", cls.c_str(),
-                       l.run, sp.key, pts.size(), p.colour(l.run, l.spec).c_str());
+                       l.run, sp.key.c_str(), pts.size(), p.colour(l.run, l.spec).c_str());
   if (*kDashArray[sp.style]) s += strf(" stroke-dasharray=\"%s\"", kDashArray[sp.style]);
   s += " points=\"";
   for (size_t i : lttb(px, py, static_cast<size_t>(max_points))) s += strf("%.1f,%.1f ", px[i], py[i]);
@@ -483,7 +507,7 @@ std::string render_chart(const ChartSpec& c, const std::vector<Run>& runs, const
 // One step axis for every chart, over every charted series of every run.
 Axis step_axis(const std::vector<Run>& runs) {
   double xmin = INFINITY, xmax = -INFINITY;
-  for (auto& c : chart_specs())
+  for (auto& c : all_charts(runs))
     for (auto& sp : c.series)
       for (auto& r : runs)
         if (auto it = r.series.find(sp.key); it != r.series.end() && !it->second.empty())
@@ -498,7 +522,7 @@ std::string charts_html(const std::vector<Run>& runs, const ChartOptions& o, int
   const Axis x_axis = step_axis(runs);
   std::string h = "<div class=\"charts\">\n", skipped;
   *charts_drawn = 0;
-  for (auto& c : chart_specs()) {
+  for (auto& c : all_charts(runs)) {
     std::string note;
     std::string fig = render_chart(c, runs, x_axis, o, &note);
     if (fig.empty()) {

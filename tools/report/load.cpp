@@ -79,6 +79,14 @@ void add_record(Run& r, const json& j, const std::string& kind, double step) {
   } else if (kind == rec::kVal) {
     for (const char* f : kValSeries)
       if (number(j, f, &v)) add_point(r.series[f], step, v);
+  } else if (kind == rec::kTask) {  // series "task_acc/NAME" and "task_acc_norm/NAME"
+    auto n = j.find(rec::kTaskName);
+    if (n == j.end() || !n->is_string() || n->get<std::string>().empty()) {
+      ++r.ignored["task without a name"];
+      return;
+    }
+    for (const char* f : {rec::kTaskAcc, rec::kTaskAccNorm})
+      if (number(j, f, &v)) add_point(r.series[task_series(f, n->get<std::string>())], step, v);
   } else if (kind == rec::kCheckpoint) {
     if (number(j, rec::kCkptBlockMs, &v)) r.ckpt_block_ms.push_back(v);
     if (number(j, rec::kCkptMbPerS, &v) && v > 0) r.ckpt_mb_per_s.push_back(v);
@@ -287,6 +295,8 @@ std::string compact(const json& v) {
   }
   return v.dump();
 }
+
+std::string task_series(const char* field, const std::string& task) { return std::string(field) + "/" + task; }
 
 const Point* last_point(const Run& r, const char* key) {
   auto it = r.series.find(key);

@@ -36,7 +36,8 @@ struct Event {
 
 struct Run {
   std::string dir, name;                 // dir without trailing '/'; name: unique display name
-  std::map<std::string, Series> series;  // metric name (records::kLoss, kValLoss, ...) -> points
+  std::map<std::string, Series> series;  // metric name (records::kLoss, kValLoss, ...) -> points;
+                                         // eval.tasks' scores under task_series(kTaskAcc, NAME), ...
   std::map<std::string, Series> source_tokens;  // data source -> its target tokens per logged window
   std::vector<Event> events;             // resumes and anomalies, in file order
   std::vector<double> ckpt_block_ms, ckpt_mb_per_s;
@@ -63,6 +64,9 @@ const std::string* kv_find(const KV& kv, const std::string& key);
 
 // A JSON value as table text: strings bare, integral floats without ".0", the rest as JSON.
 std::string compact(const json& v);
+
+// The series name of task `task`'s field (records::kTaskAcc, kTaskAccNorm): "task_acc/NAME".
+std::string task_series(const char* field, const std::string& task);
 
 // The last point of the run's series `key`, or nullptr when it has none.
 const Point* last_point(const Run& r, const char* key);

@@ -215,6 +215,10 @@ void MetricsSink::handle(const nlohmann::json& rec) {
     } else if (kind == records::kVal) {
       scalar("val/loss", records::kValLoss);
       scalar("val/loss_ema", records::kValLossEma);
+    } else if (kind == records::kTask) {
+      const std::string name = rec.value(records::kTaskName, "");
+      scalar("task/" + name + "/acc", records::kTaskAcc);
+      scalar("task/" + name + "/acc_norm", records::kTaskAccNorm);
     } else if (kind == records::kCheckpoint) {
       scalar("checkpoint/block_ms", records::kCkptBlockMs);
       scalar("checkpoint/write_ms", records::kCkptWriteMs);
@@ -228,7 +232,8 @@ void MetricsSink::handle(const nlohmann::json& rec) {
         scalar(std::string("window/") + key, key);
     }
   }
-  if (opt_.console && (kind == records::kTrain || kind == records::kVal || kind == records::kLongWindow)) console_line(rec);
+  if (opt_.console && (kind == records::kTrain || kind == records::kVal || kind == records::kTask || kind == records::kLongWindow))
+    console_line(rec);
   if (kind == records::kTrain) long_window(rec);
 }
 
@@ -246,6 +251,11 @@ void MetricsSink::console_line(const nlohmann::json& rec) {
   } else if (kind == records::kVal) {
     text = strf("step %6lld | val loss %.4f", (long long)rec.value(records::kStep, int64_t{0}), num(records::kValLoss));
     if (rec.contains(records::kValLossEma)) text += strf(" | ema %.4f", num(records::kValLossEma));
+  } else if (kind == records::kTask) {
+    text = strf("step %6lld | task %s | acc %.1f%% | acc_norm %.1f%% | %lld examples",
+                (long long)rec.value(records::kStep, int64_t{0}), rec.value(records::kTaskName, "").c_str(),
+                100 * num(records::kTaskAcc), 100 * num(records::kTaskAccNorm),
+                (long long)rec.value(records::kTaskExamples, int64_t{0}));
   } else {
     text = strf("last %.0f s: %.0f tok/s (min %.0f, max %.0f)", num(records::kWindowS), num(records::kTokensPerSMean),
                 num(records::kTokensPerSMin), num(records::kTokensPerSMax));

@@ -7,6 +7,8 @@
 //   train       a logged window of log.every_steps steps: loss ... batch_hash (see kFields),
 //               source_tokens, source_tokens_total (per source, below); z_loss with optim.z_loss > 0
 //   val         val_loss (and val_loss_ema with train.ema_decay)
+//   task        one per eval.tasks task at each evaluation (and at the start): task (its name),
+//               task_acc, task_acc_norm, task_examples, task_truncated
 //   checkpoint  dir, async, ckpt_block_ms, ckpt_write_ms, ckpt_mb, ckpt_mb_per_s, ckpt_steal_ms
 //   resume      checkpoint, recovery_ms, load_ms
 //   anomaly     reason, loss, grad_norm, action, batch_hash
@@ -20,6 +22,7 @@ namespace lm::records {
 // Record kinds ("kind").
 constexpr const char* kTrain = "train";
 constexpr const char* kVal = "val";
+constexpr const char* kTask = "task";
 constexpr const char* kCheckpoint = "checkpoint";
 constexpr const char* kResume = "resume";
 constexpr const char* kAnomaly = "anomaly";
@@ -49,6 +52,11 @@ constexpr const char* kValLoss = "val_loss";
 constexpr const char* kValLossEma = "val_loss_ema";
 constexpr const char* kValData = "val_data";
 constexpr const char* kValSplit = "val_split";
+constexpr const char* kTaskName = "task";  // the task's name (eval.tasks[i].name)
+constexpr const char* kTaskAcc = "task_acc";
+constexpr const char* kTaskAccNorm = "task_acc_norm";
+constexpr const char* kTaskExamples = "task_examples";
+constexpr const char* kTaskTruncated = "task_truncated";
 constexpr const char* kDir = "dir";
 constexpr const char* kAsync = "async";
 constexpr const char* kCkptBlockMs = "ckpt_block_ms";
@@ -75,11 +83,17 @@ constexpr const char* kMfuPctMax = "mfu_pct_max";
 constexpr const char* kSourceTokens = "source_tokens";
 constexpr const char* kSourceTokensTotal = "source_tokens_total";
 // summary.json (written once at the end): steps, first_loss, last_loss, val_loss (null without validation), tokens_per_s,
-// wall_s, world_size, telemetry_ms_per_step, telemetry_sink_cpu_ms_per_step, padding_pct (bucketed).
+// tasks ({name: {acc, acc_norm, first_acc, first_acc_norm, examples}} with eval.tasks), wall_s, world_size, telemetry_ms_per_step, telemetry_sink_cpu_ms_per_step, padding_pct (bucketed).
 constexpr const char* kSteps = "steps";
 constexpr const char* kFirstLoss = "first_loss";
 constexpr const char* kLastLoss = "last_loss";
 constexpr const char* kWallS = "wall_s";
+constexpr const char* kTasks = "tasks";
+constexpr const char* kAcc = "acc";
+constexpr const char* kAccNorm = "acc_norm";
+constexpr const char* kFirstAcc = "first_acc";
+constexpr const char* kFirstAccNorm = "first_acc_norm";
+constexpr const char* kExamples = "examples";
 constexpr const char* kWorldSize = "world_size";
 constexpr const char* kTelemetryMsPerStep = "telemetry_ms_per_step";  // training thread: building + enqueueing records
 constexpr const char* kTelemetrySinkCpuMsPerStep = "telemetry_sink_cpu_ms_per_step";  // the sink thread's CPU time
@@ -112,6 +126,12 @@ constexpr Field kFields[] = {
     {kValLossEma, kVal, "nats/token", "validation loss of the EMA weights"},
     {kValData, kVal, "", "the dataset directory the validation loss was computed on"},
     {kValSplit, kVal, "", "its split: val, or train when the data has no val split (not a held-out loss)"},
+    {kTaskAcc, kTask, "", "share of the task's examples whose choice of highest log-likelihood given the context is the "
+     "label (TensorBoard: task/NAME/acc)"},
+    {kTaskAccNorm, kTask, "", "the same with each choice's log-likelihood divided by its length in bytes, lm-eval's "
+     "acc_norm (TensorBoard: task/NAME/acc_norm)"},
+    {kTaskExamples, kTask, "", "the task's examples (all ranks)"},
+    {kTaskTruncated, kTask, "", "examples with a context + choice cut from the left to model.seq_len"},
     {kCkptBlockMs, kCheckpoint, "ms", "real stall: the save call plus the in-flight steps' extra time"},
     {kCkptWriteMs, kCheckpoint, "ms", "time to write and commit the checkpoint"},
     {kCkptMb, kCheckpoint, "MB", "megabytes written by rank 0"},

@@ -136,6 +136,17 @@ void RunTelemetry::val_record(int64_t step, const std::string& data, const std::
   sink_->write(std::move(rec));
 }
 
+void RunTelemetry::task_record(int64_t step, const std::vector<TaskScore>& scores) {
+  if (first_tasks_.empty()) first_tasks_ = scores;
+  tasks_ = scores;
+  if (rank_ != 0) return;
+  namespace r = records;
+  for (const auto& t : scores)
+    sink_->write({{r::kKind, r::kTask}, {r::kStep, step}, {r::kTaskName, t.name}, {r::kTaskAcc, t.acc},
+                  {r::kTaskAccNorm, t.acc_norm}, {r::kTaskExamples, t.examples}, {r::kTaskTruncated, t.truncated},
+                  {r::kTime, unix_now()}});
+}
+
 void RunTelemetry::save_record(const SaveFacts& s) {
   if (rank_ != 0) return;
   const double mbps = s.write_ms > 0 ? s.mb / (s.write_ms / 1e3) : 0;
@@ -151,6 +162,7 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   TrainSummary sum;
   sum.steps = steps, sum.first_loss = log_.first_loss(), sum.last_loss = log_.last_loss();
   sum.val_loss = val_loss_, sum.wall_s = wall_s, sum.tokens_per_s = log_.tokens_per_s();
+  sum.first_tasks = first_tasks_, sum.tasks = tasks_;
   if (rank_ != 0) return sum;
   const double pad_pct = log_.padding_pct();
   const bool bucketed = cfg_.data.bucketed();
@@ -158,8 +170,12 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   // A run stopped before its first logged window has no loss to say (first_loss is -1 then).
   const std::string loss = sum.first_loss < 0 ? std::string("no step logged")
                                               : strf("loss %.4f -> %.4f", sum.first_loss, sum.last_loss);
-  log::info(strf("done: %lld steps in %.1f s | %s%s | %.0f tok/s%s", (long long)sum.steps, sum.wall_s,
-                 loss.c_str(), sum.val_loss ? strf(" | val loss %.4f", *sum.val_loss).c_str() : "",
+  // Each task's accuracy beside the loss: the first score of this process -> the last.
+  std::string tasks;
+  for (size_t i = 0; i < sum.tasks.size(); ++i)
+    tasks += strf(" | %s acc %.1f%% -> %.1f%%", sum.tasks[i].name.c_str(), 100 * sum.first_tasks[i].acc, 100 * sum.tasks[i].acc);
+  log::info(strf("done: %lld steps in %.1f s | %s%s%s | %.0f tok/s%s", (long long)sum.steps, sum.wall_s,
+                 loss.c_str(), sum.val_loss ? strf(" | val loss %.4f", *sum.val_loss).c_str() : "", tasks.c_str(),
                  sum.tokens_per_s, bucketed ? strf(" | padding %.1f%%", pad_pct).c_str() : ""));
   const double n = static_cast<double>(std::max<int64_t>(1, steps - start_step));
   const double telemetry_ms = (record_ms_ + sink_->caller_ms()) / n;
@@ -169,6 +185,14 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
                    {r::kWorldSize, world_}, {r::kTelemetryMsPerStep, telemetry_ms},
                    {r::kTelemetrySinkCpuMsPerStep, sink_->sink_cpu_ms() / n}};
   if (bucketed) j[r::kPaddingPct] = pad_pct;
+  if (!sum.tasks.empty()) {
+    nlohmann::json t = nlohmann::json::object();
+    for (size_t i = 0; i < sum.tasks.size(); ++i)
+      t[sum.tasks[i].name] = {{r::kAcc, sum.tasks[i].acc}, {r::kAccNorm, sum.tasks[i].acc_norm},
+                              {r::kFirstAcc, sum.first_tasks[i].acc}, {r::kFirstAccNorm, sum.first_tasks[i].acc_norm},
+                              {r::kExamples, sum.tasks[i].examples}};
+    j[r::kTasks] = t;
+  }
   files::write_file_atomic(run_dir::summary(cfg_.run.dir), j.dump(2) + "\n");
   return sum;
 }

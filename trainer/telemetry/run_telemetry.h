@@ -22,6 +22,7 @@
 #include "trainer/telemetry/metrics.h"
 #include "trainer/telemetry/run_record.h"
 #include "trainer/telemetry/source_tokens.h"
+#include "trainer/telemetry/task_score.h"
 #include "trainer/telemetry/train_log.h"
 
 namespace lm {
@@ -30,6 +31,7 @@ struct TrainSummary {
   int64_t steps = 0;
   double first_loss = 0, last_loss = 0;  // mean loss of the first / last logging window
   std::optional<double> val_loss;        // last validation loss; none when none ran
+  std::vector<TaskScore> first_tasks, tasks;  // eval.tasks' first and last scores; empty when none ran
   double tokens_per_s = 0;               // over all steps after the first
   double wall_s = 0;
 };
@@ -85,6 +87,9 @@ class RunTelemetry {
   // Closes the logging window: a "train" record (rank 0).
   void train_record(const TrainFacts& f, SourceTokens& source_tokens);
   void val_record(int64_t step, const std::string& data, const std::string& split, double loss, double ema_loss);
+  // eval.tasks' scores at `step`: one "task" record per task (rank 0); the first and the last are
+  // kept for the summary.
+  void task_record(int64_t step, const std::vector<TaskScore>& scores);
   void save_record(const SaveFacts& s);
   // The sink's first write error since the last call ("" when none).
   std::string take_error() { return sink_ ? sink_->take_error() : ""; }
@@ -132,6 +137,7 @@ class RunTelemetry {
   bool window_nonfinite_ = false;      // a step of the open window was non-finite
   int64_t dumps_ = 0;                  // anomaly evidence directories written
   std::optional<double> val_loss_;     // the last validation loss (none: none ran)
+  std::vector<TaskScore> first_tasks_, tasks_;  // the first and the last task scores of this process
 };
 
 }  // namespace lm
