@@ -40,6 +40,11 @@ for _ in $(seq "$BUSY"); do
   sh -c 'while :; do :; done' &
   busy_pids+=($!)
 done
+# One run first, not counted: the first run after the data is made reads cold files and pages
+# (seen: the first round's two runs 2% apart where the others were 10-20%).
+build/bin/trainer configs/tiny.yaml "run.dir=$WORK/warmup" "data.train=$WORK/data" model.n_layer=4 model.d_model=256 \
+  "train.max_steps=$STEPS" "checkpoint.every_steps=$EVERY" checkpoint.async=false checkpoint.keep_last=0 \
+  eval.batches=0 "${EXTRA[@]}" > "$WORK/warmup.log" 2>&1 || true
 for r in $(seq "$ROUNDS"); do
   order="true false"; [ $((r % 2)) -eq 0 ] && order="false true"
   for async in $order; do
@@ -111,7 +116,11 @@ out = {"async_median_s": round(med.get(True, 0), 2), "sync_median_s": round(med.
        "sync_stall_ms_median": round(statistics.median(r["block_ms"] for r in by.get(False, [{"block_ms": 0}])), 0),
        "failed_runs": sum(1 for r in rows if r["rc"] != 0)}
 print(json.dumps(out))
-ok = out["ratio_async_over_sync_median"] is not None and max(ratios) <= 1.0 and \
+# Judged on the training loop (summary.json wall_s: the steps, every save, the final wait), the part
+# of the run where the two differ; the process's start-up before the first step (data, model, an
+# SGEMM peak measurement) is the same work for both and only adds noise (seen: +-3% in a round).
+ok = out["train_ratio_median"] is not None and max(train_ratios) <= 1.0 and \
      all(c == due for c in out["async_committed"] + out["sync_committed"]) and out["failed_runs"] == 0
-print("target (async never slower than sync, every due checkpoint committed): " + ("met" if ok else "NOT met"))
+print("target (async's training loop never slower than sync's in any round, every due checkpoint committed): " +
+      ("met" if ok else "NOT met"))
 PY
