@@ -13,7 +13,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/ddp/process_group.h"
+#include "trainer/parallel/process_group.h"
 
 namespace lm {
 
