@@ -388,8 +388,11 @@ TEST(LoaderBucketedTest, RowsArePaddedAtTheirEndsWithinBudgetAndMultiple) {
         ASSERT_GE(b.rows, 1);
         EXPECT_TRUE(b.cols % 8 == 0 || b.cols == T) << b.cols;
         EXPECT_LE(b.cols, T);
-        if (budget) EXPECT_LE(b.rows * b.cols, budget);
-        else EXPECT_EQ(b.rows, 4);
+        if (budget) {
+          EXPECT_LE(b.rows * b.cols, budget);
+        } else {
+          EXPECT_EQ(b.rows, 4);
+        }
         int64_t real = 0, longest = 0;
         for (int64_t r = 0; r < b.rows; ++r) {
           const SampleOrigin o = b.origins[r];

@@ -320,8 +320,11 @@ TEST(MixTest, StagesSwitchAtTheirStep) {
   Ranks l(mix.cfg, mix.manifests, 2, 1, "", false, /*accum=*/2);  // stage 1 ends at step 5 = batch 10
   for (int k = 0; k < 20; ++k) {
     const auto st = l.next()[0].source_tokens;
-    if (k < 10) EXPECT_TRUE(st[1] == 0 && st[2] == 0) << "batch " << k;
-    else EXPECT_EQ(st[0], 0) << "batch " << k;
+    if (k < 10) {
+      EXPECT_TRUE(st[1] == 0 && st[2] == 0) << "batch " << k;
+    } else {
+      EXPECT_EQ(st[0], 0) << "batch " << k;
+    }
   }
 }
 

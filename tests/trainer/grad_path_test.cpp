@@ -326,8 +326,11 @@ TEST(GradPath, SwitchesOnTrainLikeTheFusedPathAcrossANonFiniteStep) {
   ASSERT_EQ(la.size(), 12u);
   ASSERT_EQ(lb.size(), 12u);
   for (size_t i = 0; i < la.size(); ++i) {
-    if (i == 5) EXPECT_TRUE(std::isnan(la[i]) && std::isnan(lb[i])) << la[i] << " " << lb[i];
-    else EXPECT_NEAR(la[i], lb[i], 1e-5 * la[i]) << "step " << i + 1;
+    if (i == 5) {
+      EXPECT_TRUE(std::isnan(la[i]) && std::isnan(lb[i])) << la[i] << " " << lb[i];
+    } else {
+      EXPECT_NEAR(la[i], lb[i], 1e-5 * la[i]) << "step " << i + 1;
+    }
   }
   const std::string last = "/checkpoints/" + run_dir::step_name(12) + "/";
   auto steps = [&](const std::string& run) {

@@ -63,8 +63,11 @@ TEST(MixRunTest, RecordsResumesEditedAndRefusesRemovedSource) {
     auto j = nlohmann::json::parse(recs[i]);
     const int64_t a = j["source_tokens"]["a"], b = j["source_tokens"]["b"];
     EXPECT_EQ(a + b, 2 * per_step);
-    if (i < 2) EXPECT_EQ(b, 0) << "stage 1 reads a only";
-    else EXPECT_EQ(a, b) << "stage 2: half and half";
+    if (i < 2) {
+      EXPECT_EQ(b, 0) << "stage 1 reads a only";
+    } else {
+      EXPECT_EQ(a, b) << "stage 2: half and half";
+    }
   }
   auto meta = nlohmann::json::parse(test::read_text(run + "/meta.json"));
   EXPECT_EQ(meta["data"]["mixture"]["sources"].size(), 2u) << meta.dump();

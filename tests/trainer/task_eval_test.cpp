@@ -71,7 +71,9 @@ TEST(TaskEval, BatchedScoresEqualOneExampleForwards) {
     cuts += cut;
     EXPECT_LE(rows.back().tokens.size(), 17u);
     EXPECT_EQ(rows.back().scored, std::min<int64_t>(static_cast<int64_t>(ch.size()), rows.back().tokens.size() - 1));
-    if (!cut) EXPECT_EQ(rows.back().tokens.front(), 256u) << "EOS first";
+    if (!cut) {
+      EXPECT_EQ(rows.back().tokens.front(), 256u) << "EOS first";
+    }
   }
   EXPECT_EQ(cuts, 2);
   EXPECT_EQ(rows[4].tokens.back(), static_cast<int64_t>('s'));  // the right end is kept
