@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "data/remote/store.h"
+
 namespace lm {
 
 // One source of the training data (data.sources, or data.train's one dataset): a prepared dataset
@@ -93,6 +95,13 @@ struct DataConfig {
   double remote_timeout_s = 120;
   int64_t remote_ahead = 2;
 };
+
+namespace data {
+// The remote store's options (data/remote/store.h) from the data: section.
+inline RemoteOptions remote_options(const DataConfig& c) {
+  return {c.cache_dir, static_cast<uint64_t>(c.cache_limit_mb * (1 << 20)), c.remote_timeout_s};
+}
+}  // namespace data
 
 // The allowed values of the data.* choice keys (validate() and the config schema's choices).
 namespace data_choices {

@@ -12,7 +12,6 @@
 #include <string>
 
 #include "data/format/manifest.h"
-#include "data/loader/data_config.h"
 
 namespace lm::data {
 
@@ -21,10 +20,6 @@ struct RemoteOptions {
   uint64_t cache_limit_bytes = 0;           // data.cache_limit_mb
   double timeout_s = 120;                   // data.remote_timeout_s
 };
-
-inline RemoteOptions remote_options(const DataConfig& c) {
-  return {c.cache_dir, static_cast<uint64_t>(c.cache_limit_mb * (1 << 20)), c.remote_timeout_s};
-}
 
 // The dataset at `location` (`key`: the config key it came from, for messages). Local: Manifest::
 // load(location). Remote: manifest.json fetched, `source` set. Throws ConfigError naming `key` on a

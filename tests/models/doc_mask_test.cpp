@@ -124,8 +124,15 @@ TEST(DocMask, KernelsMatchReferenceMaskedAttention) {
   auto [y, grad] = run(docs.start);
   EXPECT_LT(err(y, ref), 2e-6);
   EXPECT_LT(err(grad, ref_grad), 2e-5);
-  // The model's GPT path takes the fused kernel with the documents.
-  EXPECT_TRUE(torch::equal(causal_self_attention(qkv, H, 0.0, true, nullptr, 0, &docs), y));
+  // The model's GPT path: on LibTorch 1.13 the fused kernel with the documents (the same bits); on
+  // 2.x SDPA with the documents' boolean mask (LibTorch 2.14 picks its CPU flash kernel), whose
+  // online softmax rescales its partial sums once per key block: a few more float32 roundings of
+  // values of order 1, held to the bound Torch2Cpu.SdpaMatchesTheFused113AttentionKernel uses.
+  const auto ym = causal_self_attention(qkv, H, 0.0, true, nullptr, 0, &docs);
+  EXPECT_LT(err(ym, ref), compat::kHasSdpa ? 1e-5 : 2e-6);
+  if (!compat::kHasSdpa) {
+    EXPECT_TRUE(torch::equal(ym, y));
+  }
   // One document per row (every start 0) is the plain kernel's calls: the same bits.
   auto [y1, grad1] = run(torch::zeros({B, T}, torch::kLong));
   auto [y0, grad0] = run(torch::Tensor());
