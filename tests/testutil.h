@@ -31,6 +31,16 @@ inline ModelConfig tiny_model() {
   return c;
 }
 
+// tiny_model() as a Llama: 4 query heads sharing 2 key/value heads, SwiGLU width a multiple of 16.
+inline ModelConfig tiny_llama_model() {
+  auto c = tiny_model();
+  c.arch = "llama";
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn_multiple_of = 16;
+  return c;
+}
+
 // A fresh empty directory under $TMPDIR (or /tmp), removed by the destructor.
 class TempDir {
  public:

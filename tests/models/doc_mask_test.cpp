@@ -27,14 +27,7 @@ namespace {
 
 constexpr int64_t kV = 64, kEos = 63;  // the tests' vocabulary and EOS id
 
-ModelConfig doc_llama() {
-  auto c = test::tiny_model();  // 2 layers, d 32, T 16
-  c.arch = "llama";
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.ffn_multiple_of = 16;
-  return c;
-}
+ModelConfig doc_llama() { return test::tiny_llama_model(); }
 
 // A document's tokens (no EOS) drawn from [0, kEos).
 torch::Tensor doc_tokens(int64_t n) { return torch::randint(0, kEos, {n}, torch::kLong); }

@@ -25,14 +25,7 @@ namespace {
 using test::run_bin;
 using test::TempDir;
 
-ModelConfig tiny_llama() {
-  auto c = test::tiny_model();  // 2 layers, d 32, T 16
-  c.arch = "llama";
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.ffn_multiple_of = 16;
-  return c;
-}
+ModelConfig tiny_llama() { return test::tiny_llama_model(); }
 
 std::string config_error(const std::vector<std::string>& overrides) {
   try {
