@@ -15,7 +15,7 @@
 # The per-step losses of block are compared with none's of the same round (bit-identical by design),
 # and every round's with the first's.
 # usage: bench/act_ckpt.sh [--rounds R] [--steps N] [--data DIR]   (DIR: shards/kjv, made by launch/kjv.sh)
-# Needs /usr/bin/time (Debian package `time`: launch/deps.sh).
+# Needs /usr/bin/time (Debian package `time`: launch/dev/deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=3
@@ -36,8 +36,8 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] ||
   { echo "act_ckpt.sh: --steps must be a whole number >= 4 (steps 1-2 are left out), got '$STEPS'" >&2; exit 2; }
 [ -f "$DATA/manifest.json" ] || { echo "act_ckpt.sh: no dataset at $DATA (run launch/kjv.sh first, or --data DIR)" >&2; exit 2; }
-[ -x /usr/bin/time ] || { echo "act_ckpt.sh: /usr/bin/time missing (Debian package time: bash launch/deps.sh)" >&2; exit 2; }
-[ -x build/bin/trainer ] || bash launch/build.sh trainer lm_tokenizer >&2
+[ -x /usr/bin/time ] || { echo "act_ckpt.sh: /usr/bin/time missing (Debian package time: bash launch/dev/deps.sh)" >&2; exit 2; }
+[ -x build/bin/trainer ] || bash launch/dev/build.sh trainer lm_tokenizer >&2
 WORK=$(mktemp -d /tmp/lmactckpt.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1

@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     *) echo "async_busy.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ -x build/bin/trainer ] && [ -x build/bin/prep ] || bash launch/build.sh trainer prep >&2
+[ -x build/bin/trainer ] && [ -x build/bin/prep ] || bash launch/dev/build.sh trainer prep >&2
 WORK=$(mktemp -d /tmp/lmasyncbusy.XXXXXX)
 busy_pids=()
 stop_busy() {

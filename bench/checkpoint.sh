@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE=${1:-/tmp}
-[ -x build/bin/ckpt_bench ] || bash launch/build.sh >&2
+[ -x build/bin/ckpt_bench ] || bash launch/dev/build.sh >&2
 WORK=$(mktemp -d "$BASE/lmckpt.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 ours=$(build/bin/ckpt_bench --dir "$WORK" --reps 2)

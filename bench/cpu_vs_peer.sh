@@ -50,7 +50,7 @@ PEER=bench/peers/gpt_torch.py  # in the repository (the shell is in its root)
 [ -f "$PEER" ] || { echo "cpu_vs_peer.sh: $PEER missing" >&2; exit 2; }
 PY=${PYTHON:-/usr/bin/python3}
 B=${BUILD_DIR:-build}/bin
-[ -x "$B/trainer" ] || bash launch/build.sh trainer prep >&2
+[ -x "$B/trainer" ] || bash launch/dev/build.sh trainer prep >&2
 COMPILE=${COMPILE:-auto}
 if [ "$COMPILE" = auto ]; then
   COMPILE=$("$PY" -c 'import torch; print(int(int(torch.__version__.split(".")[0]) >= 2))')

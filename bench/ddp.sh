@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 STEPS=40
 [ "${1:-}" = "--steps" ] && STEPS=$2
 [ -f shards/kjv/manifest.json ] || { echo "ddp.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
-[ -x build/bin/dist_bench ] || bash launch/build.sh >&2
+[ -x build/bin/dist_bench ] || bash launch/dev/build.sh >&2
 WORK=$(mktemp -d /tmp/lmddp.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1

@@ -29,7 +29,7 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] ||
   { echo "doc_mask.sh: --steps must be a whole number >= 4 (steps 1-2 are left out), got '$STEPS'" >&2; exit 2; }
 [ -f "$DATA/manifest.json" ] || { echo "doc_mask.sh: no dataset at $DATA (run launch/kjv.sh first, or --data DIR)" >&2; exit 2; }
-[ -x build/bin/trainer ] || bash launch/build.sh trainer lm_tokenizer >&2
+[ -x build/bin/trainer ] || bash launch/dev/build.sh trainer lm_tokenizer >&2
 WORK=$(mktemp -d /tmp/lmdocmask.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 base=(configs/kjv.yaml "data.train=$DATA" "train.max_steps=$STEPS" log.every_steps=1 eval.every_steps=0 eval.batches=0

@@ -4,7 +4,7 @@
 # GPU seconds) is left of BUDGET_S, else it is recorded "skipped (time)"; a phase that started and
 # ran out of budget is "cut (time)"; neither is a failure. Every phase ends with the results packed,
 # so a run stopped by the device's limit still returns everything done before.
-#   build         trainer + prep against pip LibTorch 2.x + CUDA (launch/gpu-build.sh; every
+#   build         trainer + prep against pip LibTorch 2.x + CUDA (launch/dev/gpu-build.sh; every
 #                 compile error of the run shown, ninja -k 0), limit BUILD_S
 #   data          the King James Bible through prep (bytes tokenizer) into shards/kjv_bytes
 #   smoke         4 layers at the 124M width, 40 steps: loss finite and falling (the NaN check); a run
@@ -37,14 +37,14 @@
 # pick) and phases.tsv inside; at the end result.json and the phase table are printed (the table last).
 # Exit 0: every phase that ran passed; 1: the build, the data or the smoke failed; 3: the smoke was
 # skipped or cut for time (nothing failed, nothing verified), or the data phase was.
-# usage (on the GPU machine; launch/gpu-deps.sh ran here first and .deps/gpu/ is carried):
+# usage (on the GPU machine; launch/dev/gpu-deps.sh ran here first and .deps/gpu/ is carried):
 #   bash bench/gpu.sh          env: STEPS (50), BUDGET_S (570), BUILD_S (420), GPU_TESTS (0),
 #                              PHASES (the phases to run after build and data, by name; default all:
 #                              a second call on the still-warm machine, whose build-gpu/ is kept,
 #                              can run what the first skipped for time)
 # A dry run of the script's own logic on a CPU (tiny shapes, no build, no tests; the LibTorch 2.6
 # environment has every switch and torch.compile); phases.tsv holds each phase's CPU seconds:
-#   bash launch/torch2.sh shell env GPU_DRY=1 BIN=build-torch2/bin KJV=/tmp/kjv.txt bash bench/gpu.sh
+#   bash launch/dev/torch2.sh shell env GPU_DRY=1 BIN=build-torch2/bin KJV=/tmp/kjv.txt bash bench/gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -162,7 +162,7 @@ if [ "${GPU_DRY:-0}" = 1 ]; then
   phase_end "skipped (dry run)"
 else
   nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-  build() { run "$BUILD_S" build env NINJA_JOBS=16 LM_BUILD_TESTS="$1" TARGETS="trainer prep" bash launch/gpu-build.sh; }
+  build() { run "$BUILD_S" build env NINJA_JOBS=16 LM_BUILD_TESTS="$1" TARGETS="trainer prep" bash launch/dev/gpu-build.sh; }
   if ! build "$([ "$GPU_TESTS" = 1 ] && echo ON || echo OFF)"; then
     if [ "$GPU_TESTS" = 1 ] && grep -q "Configuring incomplete" "$R/build.log"; then
       # The tests' configuration failed there (GoogleTest?): build without them rather than lose the run.
@@ -303,7 +303,7 @@ if phase parity; then
 fi
 
 if [ "$GPU_TESTS" = 1 ] && phase tests; then
-  if run 150 tests_build env NINJA_JOBS=16 TARGETS="trainer_tests models_tests tensorboard_tests" bash launch/gpu-build.sh; then
+  if run 150 tests_build env NINJA_JOBS=16 TARGETS="trainer_tests models_tests tensorboard_tests" bash launch/dev/gpu-build.sh; then
     run 60 trainer_tests $B/trainer_tests --gtest_filter='OptimCuda.*:Optim.*:Device.*'
     run 60 models_tests $B/models_tests --gtest_filter='Optim.*:HeadLoss*:*Sdpa*'
     run 60 tensorboard_tests $B/tensorboard_tests --gtest_filter='*Python*'

@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 PY=/usr/bin/python3
-[ -x build/bin/trainer ] || bash launch/build.sh >&2
+[ -x build/bin/trainer ] || bash launch/dev/build.sh >&2
 WORK=$(mktemp -d /tmp/llamabench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.txt"

@@ -13,7 +13,7 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 [ -f shards/kjv/manifest.json ] || { echo "pipeline.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
-[ -x build/bin/trainer ] || bash launch/build.sh >&2
+[ -x build/bin/trainer ] || bash launch/dev/build.sh >&2
 WORK=$(mktemp -d /tmp/lmpipe.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 PY=/usr/bin/python3

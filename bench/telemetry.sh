@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
   esac
   shift 2
 done
-[ -x build/bin/trainer ] || bash launch/build.sh trainer prep >&2
+[ -x build/bin/trainer ] || bash launch/dev/build.sh trainer prep >&2
 WORK=$(mktemp -d /tmp/lmtel.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 if command -v bible >/dev/null; then bible -f "Gen1:1-Rev22:21" > "$WORK/corpus.txt"

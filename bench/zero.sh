@@ -9,7 +9,7 @@
 # world size, the order flipped every other round) and every number is the median over the rounds
 # (tokens/s drifts with the machine's load; the memory barely moves), the rounds' tokens/s beside it.
 # usage: bench/zero.sh [--steps N] [--rounds R]   (needs shards/kjv: run launch/kjv.sh first, and
-#        /usr/bin/time: Debian package time, launch/deps.sh)
+#        /usr/bin/time: Debian package time, launch/dev/deps.sh)
 #   env MODEL: trainer overrides for the model (default: the kjv data at d_model 512, 8 layers,
 #   ~27M weights, so the 216 MB of moments stand out of the process's own ~150 MB)
 set -euo pipefail
@@ -28,9 +28,9 @@ while [ $# -gt 0 ]; do
 done
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --steps must be a whole number >= 1, got '$STEPS'" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --rounds must be a whole number >= 1, got '$ROUNDS'" >&2; exit 2; }
-[ -x /usr/bin/time ] || { echo "zero.sh: /usr/bin/time missing (Debian package time: bash launch/deps.sh)" >&2; exit 2; }
+[ -x /usr/bin/time ] || { echo "zero.sh: /usr/bin/time missing (Debian package time: bash launch/dev/deps.sh)" >&2; exit 2; }
 [ -f shards/kjv/manifest.json ] || { echo "zero.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
-[ -x build/bin/trainer ] && [ -x build/bin/launch ] || bash launch/build.sh trainer launch >&2
+[ -x build/bin/trainer ] && [ -x build/bin/launch ] || bash launch/dev/build.sh trainer launch >&2
 WORK=$(mktemp -d /tmp/lmzero.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1

@@ -5,7 +5,7 @@
 # Extra arguments are config overrides for the trainer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash launch/build.sh
+bash launch/dev/build.sh
 if [ ! -f shards/kjv/manifest.json ]; then
   bible -f "Gen1:1-Rev22:21" | build/bin/prep - --out shards/kjv --tokenizer sentencepiece --vocab-size 4096
 fi

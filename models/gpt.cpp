@@ -5,7 +5,7 @@
 
 #include "common/torch/compat.h"
 #include "models/attention.h"
-#include "models/checkpoint_block.h"
+#include "models/recompute.h"
 #include "models/cpu_kernels.h"
 
 namespace lm {
@@ -79,10 +79,10 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) x = x.to(*dtype);
   if (cfg.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(cfg.dropout).training(is_training()));
-  const bool checkpoint = checkpoint_blocks_now(cache);
+  const bool checkpoint = recompute_blocks_now(cache);
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto block = blocks->ptr<BlockImpl>(i);
-    x = checkpoint ? checkpoint_block([block, docs](const torch::Tensor& in) { return block->forward(in, nullptr, 0, &docs); },
+    x = checkpoint ? recompute_block([block, docs](const torch::Tensor& in) { return block->forward(in, nullptr, 0, &docs); },
                                       x, block->parameters())
                    : block->forward(x, cache, i, &docs);
   }

@@ -5,7 +5,7 @@
 
 #include "common/torch/compat.h"
 #include "models/attention.h"
-#include "models/checkpoint_block.h"
+#include "models/recompute.h"
 #include "models/registry.h"
 
 namespace lm {
@@ -143,10 +143,10 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   auto h = tok_embeddings->forward(idx);  // (B, T, C)
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) h = h.to(*dtype);
-  const bool checkpoint = checkpoint_blocks_now(cache);
+  const bool checkpoint = recompute_blocks_now(cache);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto block = layers->ptr<LlamaBlockImpl>(i);
-    h = checkpoint ? checkpoint_block([block, cos, sin, docs](const torch::Tensor& in) {
+    h = checkpoint ? recompute_block([block, cos, sin, docs](const torch::Tensor& in) {
                                         return block->forward(in, cos, sin, nullptr, 0, &docs);
                                       },
                                       h, block->parameters())

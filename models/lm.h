@@ -25,8 +25,8 @@ struct Numerics {
   bool fused_loss = false;     // loss_sum() through the fused head + loss (models/head_loss.h)
   bool bf16_residual = false;  // under autocast, the residual stream and the norms in autocast's dtype
   // Each block keeps only its input for the backward and is run again there
-  // (models/checkpoint_block.h); when training with grad, without a cache (checkpoint_blocks_now()).
-  bool checkpoint_blocks = false;
+  // (models/recompute.h); when training with grad, without a cache (recompute_blocks_now()).
+  bool recompute_blocks = false;
   // loss_terms(): the z-loss z_loss x logsumexp(logits)^2 per target token beside the cross-entropy
   // (optim.z_loss); 0 = none (loss_terms() is loss_sum()).
   double z_loss = 0;
@@ -86,10 +86,10 @@ struct LMImpl : torch::nn::Module {
   Numerics numerics;
 
  protected:
-  // Whether this forward checkpoints its blocks: numerics.checkpoint_blocks, in training mode, with
+  // Whether this forward checkpoints its blocks: numerics.recompute_blocks, in training mode, with
   // grad enabled and no KV cache (evaluation and generation keep nothing for a backward anyway).
-  bool checkpoint_blocks_now(const KVCache* cache) const {
-    return numerics.checkpoint_blocks && !cache && is_training() && torch::GradMode::is_enabled();
+  bool recompute_blocks_now(const KVCache* cache) const {
+    return numerics.recompute_blocks && !cache && is_training() && torch::GradMode::is_enabled();
   }
   // The documents of idx when numerics.doc_eos >= 0 and there is no KV cache; else undefined.
   DocMask doc_mask_now(const torch::Tensor& idx, const KVCache* cache) const {

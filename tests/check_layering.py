@@ -4,8 +4,12 @@
 Every project include ("folder/...") in a source file must point at its own top-level folder or
 one the rule allows below it. Torch-free code stays so: nothing in common/ outside common/torch/,
 nothing in data/, launch/ (the launcher speaks c10d's store protocol itself) and tools/report/
-includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or common/torch/. Prints each
-violation as FILE:LINE and exits 1 when there is any.
+includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or common/torch/. Inside every
+folder, at every level, the arrows between its parts (each subfolder, and the files at its own top
+as one more part) form no cycle: a part that includes another part's header is below it, so
+trainer/config/ may include trainer/checkpoint/checkpoint_config.h only while nothing under
+trainer/checkpoint/ includes trainer/config/. Prints each violation as FILE:LINE (a cycle: each of
+its arrows with one include that makes it) and exits 1 when there is any.
 bench/ and tests/ may include anything. Usage: check_layering.py [REPO_ROOT]
 """
 import os
@@ -50,9 +54,78 @@ def violations(root):
                             yield f"{rel}:{n}: {top}/ may not include {m.group(1)} (allowed: {', '.join(sorted(allowed))})"
 
 
+def part_of(path, level):
+    """The part of folder `level` that `path` lies in: its subfolder's name, or "." for a file at
+    the level's top; None when path is not under level."""
+    parts, lp = path.split("/"), level.split("/")
+    if parts[:len(lp)] != lp or len(parts) <= len(lp):
+        return None
+    rest = parts[len(lp):]
+    return rest[0] if len(rest) > 1 else "."
+
+
+def folder_cycles(root):
+    """Cycles between the parts of each folder (Tarjan's strongly connected components per level)."""
+    edges = {}  # level -> part -> {part: "file:line -> include"}
+    for top in ALLOWED:
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
+            for name in sorted(names):
+                if not name.endswith((".h", ".cpp", ".cc")):
+                    continue
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                with open(path, encoding="utf-8") as f:
+                    for n, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m or "/" not in m.group(1):
+                            continue
+                        a, b = rel.split("/"), m.group(1).split("/")
+                        k = 0  # the deepest folder both lie in
+                        while k < min(len(a), len(b)) - 1 and a[k] == b[k]:
+                            k += 1
+                        if k == 0:
+                            continue
+                        level = "/".join(a[:k])
+                        pa, pb = part_of(rel, level), part_of(m.group(1), level)
+                        if pa and pb and pa != pb:
+                            edges.setdefault(level, {}).setdefault(pa, {}).setdefault(pb, f"{rel}:{n} -> {m.group(1)}")
+    for level in sorted(edges):
+        graph = edges[level]
+        index, low, stack, on, counter = {}, {}, [], set(), [0]
+
+        def visit(v):
+            index[v] = low[v] = counter[0]
+            counter[0] += 1
+            stack.append(v)
+            on.add(v)
+            for w in sorted(graph.get(v, {})):
+                if w not in index:
+                    yield from visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    yield comp
+
+        for v in sorted(graph):
+            if v not in index:
+                for comp in visit(v):
+                    arrows = [f"{level}/{a} -> {level}/{b} ({graph[a][b]})" for a in sorted(comp)
+                              for b in sorted(graph[a]) if b in comp]
+                    yield f"{level}/: a cycle between {', '.join(sorted(comp))}: " + "; ".join(arrows)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
-    bad = list(violations(root))
+    bad = list(violations(root)) + list(folder_cycles(root))
     for v in bad:
         print(v)
     print(f"layering: {len(bad)} violation(s)")

@@ -1,6 +1,6 @@
 // Servers for the remote-data tests, started on loopback and stopped by their destructors: nginx
 // (Debian's, a non-daemon with a temporary prefix), s3rver (npm, in .deps/node from
-// launch/npm_deps.sh) and tests/fault_proxy.py; and a bytes dataset in many shards.
+// launch/dev/npm_deps.sh) and tests/fault_proxy.py; and a bytes dataset in many shards.
 #pragma once
 
 #include <arpa/inet.h>

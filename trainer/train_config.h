@@ -30,7 +30,7 @@ struct TrainConfig {
   bool bf16() const { return dtype == "bf16"; }  // the one comparison of the choice
   // The one resolution of train.fused_loss: auto = on CUDA.
   bool fused_loss_on(bool cuda) const { return fused_loss == "on" || (fused_loss == "auto" && cuda); }
-  bool checkpoint_blocks() const { return activation_checkpointing == "block"; }  // the one comparison
+  bool recompute_blocks() const { return activation_checkpointing == "block"; }  // the one comparison
 };
 
 struct LogConfig {
@@ -55,7 +55,7 @@ struct AnomalyConfig {
 };
 
 // One downstream task (eval.tasks): a JSONL file of {"context", "choices", "label"} examples,
-// scored by the model's log-likelihood of each choice (trainer/task_eval.h).
+// scored by the model's log-likelihood of each choice (trainer/eval/task_eval.h).
 struct TaskConfig {
   std::string name;                     // the metrics' name: [A-Za-z0-9_.-]+, unique
   std::string path;                     // the JSONL file

@@ -178,7 +178,7 @@ inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 
 // This thread's whole autocast state: on or off and the dtype, per device type (CPU, CUDA), and
 // whether casts of fp32 weights are cached. What activation checkpointing records at a block's
-// forward and sets again for the block's rerun in backward (models/checkpoint_block.h). Setting CPU
+// forward and sets again for the block's rerun in backward (models/recompute.h). Setting CPU
 // autocast on here works on 1.13 too (its own op lists; the trainer asks for >= 2.4: set_autocast).
 struct AutocastState {
   bool cpu = false, cuda = false;

@@ -19,7 +19,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 #include "trainer/telemetry/records.h"
 
 namespace lm::sweep {

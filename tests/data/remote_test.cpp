@@ -1,5 +1,5 @@
 // Remote datasets against real servers started here on loopback: nginx (Debian's, as a non-daemon
-// with a temporary prefix) for HTTP, s3rver (npm, installed into .deps/ by launch/npm_deps.sh) for
+// with a temporary prefix) for HTTP, s3rver (npm, installed into .deps/ by launch/dev/npm_deps.sh) for
 // S3, and tests/fault_proxy.py in front of them (drops, stalls, truncates, 503s, an outage). A test
 // whose server cannot be found is SKIPPED, saying what is missing; it never passes silently.
 //
@@ -51,7 +51,7 @@ std::vector<uint64_t> hashes(const DataConfig& c, const data::Manifest& m, int n
 class RemoteTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (find_nginx().empty()) GTEST_SKIP() << "SKIPPED: nginx not found (Debian nginx-light; launch/deps.sh installs it)";
+    if (find_nginx().empty()) GTEST_SKIP() << "SKIPPED: nginx not found (Debian nginx-light; launch/dev/deps.sh installs it)";
   }
   TempDir tmp_;
 };
@@ -161,7 +161,7 @@ TEST_F(RemoteTest, BucketedLoaderOverHttpEqualsLocal) {
 // s3rver with SigV4 credentials from the environment: the same batches as the local loader.
 TEST_F(RemoteTest, LoaderOverS3EqualsLocal) {
   const std::string s3rver = find_s3rver();
-  if (s3rver.empty()) GTEST_SKIP() << "SKIPPED: s3rver not found in .deps/node (launch/npm_deps.sh installs it)";
+  if (s3rver.empty()) GTEST_SKIP() << "SKIPPED: s3rver not found in .deps/node (launch/dev/npm_deps.sh installs it)";
   const std::string data = make_dataset(tmp_.path(), 3000, 20000);
   Server s3;
   s3.port = test::free_port();

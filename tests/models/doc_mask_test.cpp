@@ -158,12 +158,12 @@ std::pair<double, torch::Tensor> packed_loss_and_grads(LM& m, const Packed& p, b
   m->train();
   m->zero_grad();
   m->numerics.doc_eos = kEos;
-  m->numerics.checkpoint_blocks = checkpoint;
+  m->numerics.recompute_blocks = checkpoint;
   auto loss = m->loss_sum(p.x, p.y);
   loss.backward();
   std::vector<torch::Tensor> gs;
   for (auto& t : m->parameters()) gs.push_back(t.grad().reshape({-1}).clone());
-  m->numerics.checkpoint_blocks = false;
+  m->numerics.recompute_blocks = false;
   return {loss.item<double>(), torch::cat(gs)};
 }
 

@@ -14,7 +14,7 @@
 #include "models/hf.h"
 #include "models/llama.h"
 #include "tests/testutil.h"
-#include "trainer/checkpoint/hf_dir.h"
+#include "trainer/export/hf_dir.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/config.h"
 #include "trainer/generate/generate.h"

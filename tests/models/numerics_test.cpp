@@ -372,7 +372,7 @@ TEST(ZLoss, ModelLossTermsPlainAndFused) {
 
 std::string nt_needs_cpu_autocast() {
   return compat::kHasCpuAutocast ? "" : "LibTorch " + compat::torch_version() + " has no CPU bf16 autocast (>= 2.4): " +
-                                            "bash launch/torch2.sh runs this against LibTorch 2.6";
+                                            "bash launch/dev/torch2.sh runs this against LibTorch 2.6";
 }
 
 // train.bf16_residual changes the dtype of the residual stream: a block's output and the final

@@ -12,7 +12,7 @@
 
 #include "tests/remote_servers.h"
 #include "tests/testutil.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 
 namespace lm {
 namespace {
@@ -28,7 +28,7 @@ double outage_s() {
 class RemoteTrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (test::find_nginx().empty()) GTEST_SKIP() << "SKIPPED: nginx not found (Debian nginx-light; launch/deps.sh installs it)";
+    if (test::find_nginx().empty()) GTEST_SKIP() << "SKIPPED: nginx not found (Debian nginx-light; launch/dev/deps.sh installs it)";
   }
 
   // A tiny trainer config (a step takes milliseconds) logging every step's batch hash.

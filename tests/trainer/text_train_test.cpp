@@ -12,7 +12,7 @@
 
 #include "tests/remote_servers.h"  // count_in
 #include "tests/testutil.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 
 namespace lm {
 namespace {

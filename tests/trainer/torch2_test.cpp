@@ -1,4 +1,4 @@
-// What the GPU path runs, run on a CPU where LibTorch can (>= 2.4; `bash launch/torch2.sh` runs
+// What the GPU path runs, run on a CPU where LibTorch can (>= 2.4; `bash launch/dev/torch2.sh` runs
 // this suite against Debian 13's LibTorch 2.6): at::_fused_adamw_ gated on the device (one shared
 // step counter, the found_inf skip and its undo, the one-step-late reads, EMA gated the same way)
 // against the flat AdamW step for step; bf16 autocast and its cast cache; at::scaled_dot_product_attention against
@@ -17,7 +17,7 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 
 namespace lm {
 namespace {
@@ -27,7 +27,7 @@ using test::TempDir;
 std::string needs_torch_2_4() {
   if (!compat::kHasCpuFusedAdamW || !compat::kHasCpuAutocast)
     return "LibTorch " + compat::torch_version() + " has no CPU at::_fused_adamw_ / per-device autocast (>= 2.4): " +
-           "bash launch/torch2.sh runs this against LibTorch 2.6";
+           "bash launch/dev/torch2.sh runs this against LibTorch 2.6";
   return "";
 }
 

@@ -15,7 +15,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/config_yaml.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 #include "trainer/telemetry/records.h"
 
 namespace lm::report {

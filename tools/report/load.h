@@ -1,5 +1,5 @@
 // Reading run directories for the report: one Run per directory, from metrics.jsonl (required),
-// config.yaml, meta.json and summary.json (optional). File names are those of trainer/run_dir.h,
+// config.yaml, meta.json and summary.json (optional). File names are those of trainer/run/run_dir.h,
 // metric names those of trainer/telemetry/records.h. Torch-free.
 //
 // Reading metrics.jsonl: lines that are not JSON objects (a crash can cut the last one) are skipped

@@ -1,6 +1,6 @@
 // Full-state checkpoints: layout, atomic commit, verification, retention, sync and async saves.
 //
-// RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run_dir.h)
+// RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run/run_dir.h)
 //   <key>.safetensors  tensors of each replicated component (model, optimizer, ema)     rank 0
 //   <key>.part_<r>.safetensors  rank r's part of a sharded component (sharded optimizer)  every rank
 //   state.json         magic, version, step, run facts, replicated components' values  rank 0

@@ -10,7 +10,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/checkpoint/layout.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 
 namespace lm {
 namespace {

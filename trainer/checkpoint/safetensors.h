@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/files.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

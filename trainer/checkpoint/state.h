@@ -1,5 +1,5 @@
 // What a checkpoint holds, component by component. Every stateful part of a run (model, optimizer,
-// scheduler, EMA, progress, metric windows, loader, RNG streams) is a Stateful (trainer/stateful.h)
+// scheduler, EMA, progress, metric windows, loader, RNG streams) is a Stateful (common/torch/stateful.h)
 // that saves and loads its OWN state; a StateRegistry binds each one to a fixed key, and the
 // checkpoint composes them by name. Nothing else knows a component's keys.
 //
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

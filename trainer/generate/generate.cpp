@@ -16,7 +16,7 @@
 #include "common/files.h"
 #include "models/build.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/run_dir.h"
+#include "trainer/run/run_dir.h"
 
 namespace lm {
 namespace {

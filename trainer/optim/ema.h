@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 #include "trainer/optim/adamw.h"
 
 namespace lm {

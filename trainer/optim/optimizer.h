@@ -18,7 +18,7 @@
 
 #include "trainer/optim/flat_params.h"
 #include "trainer/optim/optim_config.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

@@ -11,7 +11,7 @@
 
 #include "data/format/manifest.h"
 #include "data/loader/loader.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 #include "trainer/train_config.h"
 
 namespace lm {

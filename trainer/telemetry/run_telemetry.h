@@ -17,7 +17,7 @@
 #include "trainer/config.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/mfu.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 #include "trainer/telemetry/anomaly.h"
 #include "trainer/telemetry/metrics.h"
 #include "trainer/telemetry/run_record.h"

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader/loader.h"
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

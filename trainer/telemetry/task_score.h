@@ -1,4 +1,4 @@
-// One downstream task's score at one evaluation (eval.tasks, trainer/task_eval.h), as the records
+// One downstream task's score at one evaluation (eval.tasks, trainer/eval/task_eval.h), as the records
 // (metrics.jsonl "task", TensorBoard, summary.json) carry it. Torch-free, header-only.
 #pragma once
 

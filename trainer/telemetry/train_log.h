@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "trainer/stateful.h"
+#include "common/torch/stateful.h"
 
 namespace lm {
 

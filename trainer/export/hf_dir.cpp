@@ -1,0 +1,96 @@
+// Hugging Face model directories (see hf_dir.h).
+#include "trainer/export/hf_dir.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <stdexcept>
+
+#include "common/errors.h"
+#include "common/files.h"
+#include "common/log.h"
+#include "data/format/manifest.h"
+#include "data/loader/loader.h"
+#include "models/hf.h"
+#include "models/registry.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/config.h"
+#include "trainer/run/run_dir.h"
+
+namespace lm {
+namespace {
+
+std::string shape_str(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// Every tensor of `want` in `have` with the same shape, and nothing else; throws naming the first that is not.
+void check_tensors(const std::string& file, const TensorPairs& want, const NamedTensors& have) {
+  std::map<std::string, torch::Tensor> got(have.begin(), have.end());
+  for (const auto& [name, t] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) throw CheckpointError(file + ": missing tensor '" + name + "'");
+    if (it->second.sizes() != t.sizes())
+      throw CheckpointError(file + ": tensor '" + name + "' has shape " + shape_str(it->second) +
+                            ", the config gives " + shape_str(t));
+    got.erase(it);
+  }
+  if (!got.empty()) throw CheckpointError(file + ": unexpected tensor '" + got.begin()->first + "'");
+}
+
+}  // namespace
+
+void export_hf(const std::string& run, const std::string& weights_in, const std::string& out_dir) {
+  const auto cfg = load_config(run_dir::config(run), {});
+  // The run's copy of its tokenizer; a run written before runs carried one: its data, opened.
+  const std::string tok_dir = run_dir::tokenizer(run);
+  const bool carried = files::exists(tok_dir + "/manifest.json");
+  const data::Manifest manifest = carried ? data::Manifest::load(tok_dir) : data::Manifest();
+  const data::TrainData data = carried ? data::TrainData{} : data::open_train_data(cfg.data);
+  const data::TokenizerInfo& tok = carried ? manifest.tokenizer : data.tokenizer();
+  const std::string weights = weights_in.empty() ? run_dir::weights(run) : weights_in;
+  if (!files::exists(weights)) throw CheckpointError(weights + ": no such weights file (has the run finished?)");
+  const int64_t vocab = padded_vocab(cfg.model, static_cast<int64_t>(tok.vocab_size));
+  TensorPairs hf;
+  try {
+    hf = to_hf(cfg.model, load_safetensors(weights));
+  } catch (const std::out_of_range& e) {
+    throw CheckpointError(weights + ": " + e.what());
+  }
+  files::make_dirs(out_dir);
+  save_safetensors(out_dir + "/model.safetensors", hf, {{"format", "pt"}});
+  files::write_file_atomic(out_dir + "/config.json",
+                           hf_config(cfg.model, vocab, tok.eos_id, tok.pad_id).dump(2) + "\n");
+  if (!tok.file.empty())
+    files::write_file_atomic(out_dir + "/tokenizer.model",
+                             carried ? files::read_file(tok_dir + "/" + tok.file) : data.tokenizer_model());
+}
+
+void init_from_hf(LMImpl& m, const std::string& dir) {
+  if (dir.empty()) return;
+  const std::string config = dir + "/config.json", weights = dir + "/model.safetensors";
+  if (!files::exists(config)) throw CheckpointError(config + ": missing (model.init_from)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(files::read_file(config));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(config + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object()) throw CheckpointError(config + ": not a JSON object (model.init_from)");
+  const std::string want = hf_model_type(m.cfg.arch);
+  if (j.value("model_type", std::string()) != want)
+    throw CheckpointError(config + ": model_type '" + j.value("model_type", std::string()) + "', model.arch=" +
+                          m.cfg.arch + " needs '" + want + "'");
+  // Fields that change the math but not the tensors' shapes (heads, eps, RoPE, activation...):
+  // compared before the tensors, so the field is named rather than a shape it implies.
+  const std::string differs = hf_config_mismatch(m.cfg, m.vocab, j);
+  if (!differs.empty()) throw CheckpointError(config + " (model.init_from): " + differs);
+  auto tensors = load_safetensors(weights);
+  check_tensors(weights, to_hf(m.cfg, module_tensors(m)), tensors);
+  load_into_module(m, from_hf(m.cfg, tensors), weights);
+  log::info("model.init_from: loaded " + std::to_string(tensors.size()) + " tensors from " + weights);
+}
+
+}  // namespace lm

@@ -1,0 +1,66 @@
+// The model and what updates it (see model_parts.h).
+#include "trainer/step/model_parts.h"
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "models/attention.h"
+#include "models/build.h"
+#include "models/registry.h"
+#include "trainer/export/hf_dir.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace lm {
+
+ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, int64_t eos_id,
+                             const torch::Device& device, RngStreams& rng, Comm* comm, int rank, int world) {
+  // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
+  const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
+  const auto seed = static_cast<uint64_t>(cfg.run.seed);
+  ModelParts m;
+  rng.seed_shared(seed);  // identical init on every rank
+  m.model = build_model(cfg.model, vocab);
+  init_from_hf(*m.model, cfg.model.init_from);  // model.init_from, when set
+  m.model->to(device);
+  m.model->numerics.fused_loss = cfg.train.fused_loss_on(device.is_cuda());
+  m.model->numerics.bf16_residual = cfg.train.bf16_residual;
+  m.model->numerics.recompute_blocks = cfg.train.recompute_blocks();
+  m.model->numerics.z_loss = cfg.optim.z_loss;
+  m.model->numerics.doc_eos = cfg.data.doc_mask ? eos_id : -1;
+  if (rank == 0) {  // before seed_rank: a dropout in the probe draws from the stream seed_rank resets
+    log::info(describe_attention(cfg.model, cfg.train.micro_batch_size, cfg.train.bf16() ? torch::kBFloat16 : torch::kFloat,
+                                 device, /*train=*/true, cfg.data.doc_mask));
+    if (cfg.data.doc_mask)
+      log::info(strf("documents: attention within each document, positions restarting at each (data.doc_mask; EOS id %lld)",
+                     (long long)eos_id));
+    log::info(strf("loss: %s (train.fused_loss=%s)%s; residual stream %s (train.bf16_residual)",
+                   m.model->numerics.fused_loss ? "the fused head + cross-entropy" : "fp32 logits + cross-entropy",
+                   cfg.train.fused_loss.c_str(),
+                   cfg.optim.z_loss > 0 ? strf(", z-loss %g x logsumexp^2 per target token (optim.z_loss)", cfg.optim.z_loss).c_str() : "",
+                   cfg.train.bf16_residual ? "bf16" : "fp32"));
+    log::info(strf("activations: %s (train.activation_checkpointing=%s)",
+                   m.model->numerics.recompute_blocks ? "each block's input kept, the block run again in the backward"
+                                                       : "every block's kept for the backward",
+                   cfg.train.activation_checkpointing.c_str()));
+  }
+  m.flat = std::make_unique<FlatParams>(*m.model, path);
+  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world});
+  m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
+  if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
+  rng.seed_rank(seed, rank);  // each rank's own dropout stream
+  m.params = m.model->num_params();
+  m.flops_per_token = flops_per_token(cfg.model, vocab, cfg.model.seq_len);
+  log::info(strf("model: %s, %lld parameters (%.2fM), vocab %lld (data %lld), %.3g FLOPs/token at T=%lld (%s)",
+                 cfg.model.arch.c_str(), (long long)m.params, m.params / 1e6, (long long)vocab, (long long)data_vocab,
+                 m.flops_per_token, (long long)cfg.model.seq_len, flops_formula(cfg.model).c_str()));
+  if (path.free_grads || path.clip_in_step)
+    log::info(strf("gradients: %s, clipped %s", path.free_grads ? "per parameter, freed after each update (optim.free_grads)"
+                                                                  : "in one flat buffer",
+                   path.clip_in_step ? "inside the fused AdamW (optim.clip_in_step)" : "in a pass of their own"));
+  return m;
+}
+
+void ModelParts::save_weights(const std::string& path, const std::string& arch, int64_t step) const {
+  save_safetensors(path, module_tensors(*model), {{"format", "pt"}, {"arch", arch}, {"step", std::to_string(step)}});
+}
+
+}  // namespace lm
