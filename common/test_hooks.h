@@ -17,7 +17,7 @@ struct TestHooks {
   // non-finite step is skipped and recorded.
   int64_t nan_step = 0;
   // LM_ZERO_REDUCE_SCATTER=1: a sharded strategy on Gloo behaves as if the backend reduce-scattered
-  // (an all-reduce of a copy, only the owned pieces kept: trainer/parallel/zero1.cpp), so the NCCL
+  // (an all-reduce of a copy, only the owned pieces kept: trainer/parallel/), so the NCCL
   // path's arithmetic runs on the CPU.
   bool emulate_reduce_scatter = false;
   // LM_TEST_PEAK_TFLOPS=<x>: the CPU MFU peak is x TFLOP/s instead of an SGEMM measured at start
