@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace lm;

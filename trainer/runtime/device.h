@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/train_config.h"
+#include "trainer/config/train_config.h"
 
 namespace lm {
 
