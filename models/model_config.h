@@ -1,7 +1,7 @@
 // Configuration of the model architecture (YAML section `model:`). Torch-free. Which keys each
 // architecture reads is said once, in models/registry.cpp; a key set for an architecture that does
 // not read it is refused by the config parser.
-// The keys' descriptions and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
+// The keys' descriptions and allowed values are in describe_model (model_config.cpp); `trainer --keys`
 // prints them with the defaults below.
 #pragma once
 
@@ -9,6 +9,9 @@
 #include <string>
 
 namespace lm {
+namespace config_schema {
+class Schema;
+}
 
 struct ModelConfig {
   std::string arch = "gpt";
@@ -30,5 +33,8 @@ struct ModelConfig {
   double ffn_dim_multiplier = 0.0;
   bool tie_embeddings = false;
 };
+
+// The model.* keys into the config schema (trainer/config/config.cpp's describe()).
+void describe_model(config_schema::Schema& s, ModelConfig& m);
 
 }  // namespace lm

@@ -78,9 +78,13 @@ class Trainer {
   // leaves the run directory as it was: config.yaml, checkpoints and quarantine); the log is held
   // back meanwhile (train()).
   Trainer(const ExperimentConfig& cfg, const std::string& command)
-      : cfg_(cfg), launch_(LaunchEnv::from_environment()), device_(pick_device(cfg.train, launch_.local_rank)),
+      : cfg_(cfg),
+        launch_(LaunchEnv::from_environment()),
+        device_(pick_device(cfg.train.device, cfg.train.bf16(), launch_.local_rank)),
         rank_(launch_.rank), world_(launch_.world_size), rng_(device_),
-        schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps, &progress_.step), telemetry_(cfg_, rank_, world_, device_) {
+        schedule_(cfg.schedule, cfg.optim.lr, cfg.train.max_steps, &progress_.step),
+        telemetry_(cfg.log, cfg.anomaly, {cfg.run.dir, cfg.train.max_steps, cfg.train.dtype, cfg.optim.z_loss > 0,
+                                          cfg.data.bucketed(), rank_, world_, device_}) {
     open_data();
     check_memory_fits(cfg, vocab_, device_, world_);  // before anything is allocated or written
     open_run_dir();
@@ -111,7 +115,8 @@ class Trainer {
     m_.parallel->start();
     log::info(m_.parallel->describe(m_.opt->state_bytes(), m_.opt->state_name()));
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
-        &cfg_, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), m_.parallel.get(), device_,
+        &cfg_.train, &cfg_.model, cfg_.data.reuse_batch, !cfg_.data.bucketed(), cfg_.optim.grad_clip,
+        cfg_.optim.z_loss > 0, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), m_.parallel.get(), device_,
         world_, vocab_});
     update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, *m_.parallel);
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
@@ -168,10 +173,10 @@ class Trainer {
                                              cfg_.train.micro_batch_size, rank_, world_,
                                              static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
     progress_.loader = loader_.get();
-    eval_ = Evaluator::create(cfg_, data_.val_source(), device_, rank_, world_);
+    const EvalRuntime eval_rt{cfg_.model.seq_len, cfg_.train.micro_batch_size, device_, cfg_.train.bf16(), rank_, world_};
+    eval_ = Evaluator::create(cfg_.eval, cfg_.data, data_.val_source(), eval_rt);
     if (!cfg_.eval.tasks.empty())  // a bad task file is refused here, before anything is written
-      tasks_ = TaskEvaluator::create(cfg_.eval, *load_run_tokenizer(data_),
-                                     {cfg_.model.seq_len, cfg_.train.micro_batch_size, device_, cfg_.train.bf16(), rank_, world_});
+      tasks_ = TaskEvaluator::create(cfg_.eval, *load_run_tokenizer(data_), eval_rt);
   }
 
   // The run directory, this rank's log, and the process group.
@@ -190,7 +195,7 @@ class Trainer {
 
   void build_model() {
     install_caching_host_allocator();
-    configure_math(cfg_.train, device_);
+    configure_math(cfg_.train.threads, device_);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
   }

@@ -1,9 +1,13 @@
-// The data: section's source table, its one-source form and its one validation (see data_config.h).
+// The data: section's keys (describe_data: each one's type, allowed values and its one description,
+// printed by `trainer --keys` and docs/config.md), its source table, its one-source form and its one
+// validation (see data_config.h).
 #include "data/loader/data_config.h"
 
 #include <algorithm>
 #include <set>
 
+#include "common/config/schema.h"
+#include "common/config/values.h"
 #include "common/errors.h"
 
 namespace lm {
@@ -124,6 +128,151 @@ void validate(const DataConfig& c, int64_t seq_len) {
   if (c.bucketed() && c.token_budget > 0 && c.token_budget < seq_len)
     fail("token_budget", "must be >= seq_len (" + std::to_string(seq_len) + ") so that one sample fits, got " +
                              std::to_string(c.token_budget));
+}
+
+// data.sources and data.stages: their YAML lists to structs and back (a named namespace: the folder
+// is one translation unit, see lm_unity_groups, so its using-directive stays here).
+namespace data_keys {
+
+using namespace config_values;
+
+void parse_sources(const YAML::Node& n, std::vector<SourceConfig>* out) {
+  out->clear();
+  const YAML::Node& list = list_of(n);
+  std::vector<std::string> keys;
+  for (const auto& f : source_fields()) keys.push_back(f.key);
+  for (size_t i = 0; i < list.size(); ++i) {
+    SourceConfig s;
+    each_key(i, list[i], keys, [&](const std::string& k, const YAML::Node& v) {
+      const SourceField& f = *std::find_if(source_fields().begin(), source_fields().end(),
+                                           [&](const SourceField& x) { return k == x.key; });
+      if (f.text) s.*f.text = scalar_of(v);
+      if (f.number) s.*f.number = parse_double(v);
+      if (f.integer) s.*f.integer = parse_int(v);
+    });
+    for (const auto& f : source_fields())
+      if (f.required && f.text && (s.*f.text).empty()) bad(entry_where(i, list[i]) + ": needs a name and a path");
+    out->push_back(s);
+  }
+}
+
+void parse_stages(const YAML::Node& n, std::vector<StageConfig>* out) {
+  out->clear();
+  const YAML::Node& list = list_of(n);
+  for (size_t i = 0; i < list.size(); ++i) {
+    StageConfig s;
+    each_key(i, list[i], {"until", "until_tokens", "weights", "anneal"}, [&](const std::string& k, const YAML::Node& v) {
+      if (k == "until") s.until_step = parse_int(v);
+      if (k == "until_tokens") s.until_tokens = parse_int(v);
+      if (k == "anneal") s.anneal = parse_bool(v);
+      if (k != "weights") return;
+      if (!v.IsMap()) bad("expected a map of source name: weight");
+      for (auto it = v.begin(); it != v.end(); ++it) s.weights.emplace_back(it->first.as<std::string>(), parse_double(it->second));
+    });
+    out->push_back(s);
+  }
+}
+
+std::string print_sources(const std::vector<SourceConfig>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    std::string one;
+    for (const auto& f : source_fields()) {
+      if (f.raw_only && s.text.empty()) continue;
+      const std::string value = f.text ? quote(s.*f.text) : f.number ? fmt_double(s.*f.number) : std::to_string(s.*f.integer);
+      one += (one.empty() ? "" : ", ") + std::string(f.key) + ": " + value;
+    }
+    out += (out.empty() ? "{" : ", {") + one + "}";
+  }
+  return "[" + out + "]";
+}
+
+// "[{name, path, ...}]: name: ...; path: ...": data.sources' documentation, from the same table.
+std::string sources_doc() {
+  std::string keys, docs;
+  for (const auto& f : source_fields()) {
+    keys += (keys.empty() ? "" : ", ") + std::string(f.key);
+    docs += std::string("; ") + f.key + ": " + f.doc;
+  }
+  return "a mixture instead of data.train: [{" + keys + "}]" + docs;
+}
+
+std::string print_stages(const std::vector<StageConfig>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    std::string w;
+    for (const auto& [name, x] : s.weights) w += (w.empty() ? "" : ", ") + quote(name) + ": " + fmt_double(x);
+    out += (out.empty() ? "" : ", ") + std::string("{") +
+           (s.until_tokens > 0 ? "until_tokens: " + std::to_string(s.until_tokens) : "until: " + std::to_string(s.until_step)) +
+           ", weights: {" + w + "}" + (s.anneal ? ", anneal: true" : "") + "}";
+  }
+  return "[" + out + "]";
+}
+
+}  // namespace data_keys
+
+void describe_data(config_schema::Schema& s, DataConfig& d) {
+  using config_schema::Schema;
+  using config_schema::choices_text;
+  using namespace data_keys;
+  // data.*: the parser checks types and choices; the data component owns the ranges (lm::validate,
+  // data_config.cpp, from data_ranges), shown here through integer_checked_later.
+  auto later = [&s](const std::string& key, int64_t* p, const std::string& doc, IntRange r) {
+    s.integer_checked_later(key, p, doc, r.lo, r.hi < 0 ? Schema::kNoMax : r.hi);
+  };
+  // data.train, data.text and data.text_field become the one source "train" (resolve_train_form)
+  // and are printed back from it.
+  DataConfig* dp = &d;
+  auto train_key = [dp](std::string SourceConfig::*m, const std::string* raw) {
+    return [=] { return dp->train_form ? dp->sources.at(0).*m : *raw; };
+  };
+  s.text("data.train", &d.train, "the training data: a prep output directory, its http(s):// or s3:// URL, or raw text "
+         "files (data.text); or use data.sources", "path or URL", train_key(&SourceConfig::path, &d.train));
+  s.structured("data.sources", sources_doc(), "list of maps",
+               [dp](const YAML::Node& n) { parse_sources(n, &dp->sources); },
+               [dp] { return print_sources(dp->train_form ? std::vector<SourceConfig>{} : dp->sources); });
+  s.structured("data.stages", "mixture stages: [{until: STEP | until_tokens: N, weights: {name: w}, anneal: "
+               "false}]; empty = the sources' weights throughout; anneal: true (schedule.kind wsd, one stage, after a "
+               "stage ending at a step): the lr's decay starts at the stage's first step", "list of maps",
+               [dp](const YAML::Node& n) { parse_stages(n, &dp->stages); }, [dp] { return print_stages(dp->stages); });
+  s.text("data.text", &d.text, "raw text in data.train: one document per line, paragraph or jsonl record; empty = a "
+         "prepared dataset", choices_text(data_choices::text), train_key(&SourceConfig::text, &d.text));
+  s.text("data.text_field", &d.text_field, "raw text, jsonl: the field holding the text", "field name",
+         train_key(&SourceConfig::text_field, &d.text_field));
+  s.text("data.tokenizer", &d.tokenizer, "raw text: bytes, or a sentencepiece .model file (e.g. a prep output's "
+         "tokenizer.model)", "bytes or path");
+  s.number("data.val_fraction", &d.val_fraction, "raw text: share of documents in the val split (as prep --val-fraction)",
+           0, false, 1, false);
+  s.integer("data.split_seed", &d.split_seed, "raw text: seed of the document hash deciding the split (as prep "
+            "--split-seed)", data_ranges::split_seed.lo);
+  s.text("data.val", &d.val, "validation dataset directory or URL; empty = the val split of data.train (or of the "
+         "first source)", "path or URL");
+  s.choice("data.mode", &d.mode, "packed: EOS-joined windows of model.seq_len+1 tokens; bucketed: one document per "
+           "sample, in padded batches", data_choices::mode);
+  later("data.workers", &d.workers, "loader threads building batches", data_ranges::workers);
+  later("data.prefetch", &d.prefetch, "batches built ahead of the training loop (queue depth)", data_ranges::prefetch);
+  s.boolean("data.shuffle", &d.shuffle, "shuffle shard order and samples (else the manifest's order)");
+  later("data.shuffle_buffer", &d.shuffle_buffer, "samples per shuffle block (and per bucketing block)",
+        data_ranges::shuffle_buffer);
+  s.choice("data.long_docs", &d.long_docs, "bucketed: a document over model.seq_len+1 tokens is truncated or split",
+           data_choices::long_docs);
+  later("data.pad_multiple", &d.pad_multiple, "bucketed: a batch's length is padded up to a multiple of this; "
+        "1 = no padding", data_ranges::pad_multiple);
+  later("data.token_budget", &d.token_budget, "bucketed: padded tokens per rank, rows chosen so that rows x padded "
+        "length <= this (at least model.seq_len); 0 = train.micro_batch_size rows", data_ranges::token_budget);
+  s.choice("data.verify", &d.verify, "shard checksums: lazy = each shard on its first open, full = all at start",
+           data_choices::verify);
+  s.boolean("data.reuse_batch", &d.reuse_batch, "benchmark only: every step re-trains the first step's batches (no reading)");
+  s.boolean("data.doc_mask", &d.doc_mask, "packed: attention never crosses a document boundary (an EOS token ends its "
+            "document) and positions (gpt's learned ones, llama's RoPE) restart at each document; validation too; "
+            "refused with data.mode=bucketed (a row is one document)");
+  s.text("data.cache_dir", &d.cache_dir, "remote datasets: the local shard cache, shared by every run that names it",
+         "non-empty path");
+  s.number("data.cache_limit_mb", &d.cache_limit_mb, "remote datasets: MiB the shard cache may hold", 0, true);
+  s.number("data.remote_timeout_s", &d.remote_timeout_s, "remote datasets: seconds a fault may last before the run "
+           "ends (after a checkpoint)", 0, true);
+  later("data.remote_ahead", &d.remote_ahead, "remote datasets: shards fetched ahead of the shuffle block in use",
+        data_ranges::remote_ahead);
 }
 
 }  // namespace lm

@@ -1,7 +1,8 @@
 // Configuration of the training data (YAML section `data:`) and its one validation (data_config.cpp,
-// in lm_data: the config loader, trainer/config.cpp in lm_config, and the Loader both call validate()).
-// The data.* keys' descriptions and allowed values are in describe() in trainer/config.cpp;
-// `trainer --keys` prints them with the defaults below (data.sources' entries: source_fields()).
+// in lm_data: the config loader, trainer/config/config.cpp in lm_config, and the Loader both call
+// validate()). The data.* keys' descriptions and allowed values are in describe_data
+// (data_config.cpp); `trainer --keys` prints them with the defaults below (data.sources' entries:
+// source_fields()).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,9 @@
 #include "data/remote/store.h"
 
 namespace lm {
+namespace config_schema {
+class Schema;
+}
 
 // One source of the training data (data.sources, or data.train's one dataset): a prepared dataset
 // or raw text, and its share of the tokens. source_fields() below is THE list of its keys.
@@ -23,8 +27,8 @@ struct SourceConfig {
   std::string text_field = "text";
 };
 
-// THE table of a source's keys: the config loader parses (trainer/config_values.cpp), prints and
-// documents data.sources entries from it. Exactly one member pointer is set per field.
+// THE table of a source's keys: describe_data parses, prints and documents data.sources entries
+// from it. Exactly one member pointer is set per field.
 struct SourceField {
   const char* key;
   const char* doc;
@@ -134,5 +138,9 @@ void validate_mixture(const DataConfig& c);
 // THE range and choice rules of the data.* keys. Throws ConfigError "key 'data.X': must be ..., got V"
 // for the first bad value; `seq_len` is the model's context (token_budget must fit one sample).
 void validate(const DataConfig& c, int64_t seq_len);
+
+// The data.* keys into the config schema (trainer/config/config.cpp's describe()): each one's type,
+// allowed values and its one description.
+void describe_data(config_schema::Schema& s, DataConfig& d);
 
 }  // namespace lm

@@ -16,7 +16,7 @@
 #include "tests/testutil.h"
 #include "trainer/export/hf_dir.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/generate/generate.h"
 
 namespace lm {

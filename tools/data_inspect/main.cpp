@@ -21,7 +21,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/loader/loader.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace lm {
 namespace {

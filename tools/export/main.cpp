@@ -8,6 +8,8 @@
 
 #include "common/errors.h"
 #include "trainer/export/hf_dir.h"
+#include "trainer/config/config.h"
+#include "trainer/run/run_dir.h"
 
 int main(int argc, char** argv) {
   return lm::run_main("export", [&] {
@@ -25,7 +27,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       throw lm::UsageError(e.what());
     }
-    lm::export_hf(run, weights, out);
+    const lm::ExperimentConfig cfg = lm::load_config(lm::run_dir::config(run), {});  // the run's config.yaml
+    lm::export_hf(cfg.model, cfg.data, run, weights, out);
     std::cout << "wrote " << out << "/model.safetensors, config.json\n";
     return lm::kExitOk;
   });

@@ -14,7 +14,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/config_yaml.h"
+#include "trainer/config/config_yaml.h"
 #include "trainer/run/run_dir.h"
 #include "trainer/telemetry/records.h"
 

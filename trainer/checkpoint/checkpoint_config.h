@@ -1,12 +1,15 @@
 // Configuration of checkpointing and resume (YAML section `checkpoint:`). Torch-free.
-// The keys' descriptions and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
-// prints them with the defaults below.
+// The keys' descriptions and allowed values are in describe_checkpoint (checkpoint_config.cpp);
+// `trainer --keys` prints them with the defaults below.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace lm {
+namespace config_schema {
+class Schema;
+}
 
 struct CheckpointConfig {
   int64_t every_steps = 0;
@@ -16,9 +19,6 @@ struct CheckpointConfig {
   std::string resume = "auto";
   bool force = false;
   bool async = false;
-  // Async saves: the share of the checkpoint interval (every_steps, or auto's interval, times the
-  // mean step time) that the writer spreads its disk writes over instead of writing as fast as the
-  // disk takes them (checkpoint.h, "Pacing"); 0: unpaced.
   double write_pace = 0.5;
   std::string on_error = "stop";
   double commit_timeout_s = 600;
@@ -28,5 +28,8 @@ struct CheckpointConfig {
   bool resume_auto() const { return resume == "auto"; }
   bool resume_none() const { return resume == "none"; }
 };
+
+// The checkpoint.* keys into the config schema (trainer/config/config.cpp's describe()).
+void describe_checkpoint(config_schema::Schema& s, CheckpointConfig& ck);
 
 }  // namespace lm

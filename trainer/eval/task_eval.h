@@ -21,8 +21,9 @@
 #include "data/loader/loader.h"
 #include "data/tokenizer/tokenizer.h"
 #include "models/lm.h"
+#include "trainer/eval/eval_config.h"
+#include "trainer/eval/evaluate.h"
 #include "trainer/telemetry/task_score.h"
-#include "trainer/train_config.h"
 
 namespace lm {
 
@@ -57,14 +58,9 @@ std::vector<double> score_choice_rows(LM& model, const std::vector<ChoiceRow>& r
 // through the plugin (load_tokenizer_isolated): what the tasks are tokenized with.
 std::unique_ptr<data::Tokenizer> load_run_tokenizer(const data::TrainData& data);
 
-// What the task evaluator needs of the run besides its eval: section.
-struct TaskRuntime {
-  int64_t seq_len = 0;
-  int64_t batch_rows = 8;  // choices per forward (train.micro_batch_size)
-  torch::Device device = torch::kCPU;
-  bool bf16 = false;
-  int rank = 0, world = 1;
-};
+// What the task evaluator needs of the run besides its eval: section (evaluate.h; batch_rows: choices
+// per forward).
+using TaskRuntime = EvalRuntime;
 
 class TaskEvaluator {
  public:

@@ -14,7 +14,6 @@
 #include "models/hf.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/config.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -42,27 +41,27 @@ void check_tensors(const std::string& file, const TensorPairs& want, const Named
 
 }  // namespace
 
-void export_hf(const std::string& run, const std::string& weights_in, const std::string& out_dir) {
-  const auto cfg = load_config(run_dir::config(run), {});
+void export_hf(const ModelConfig& model, const DataConfig& data_cfg, const std::string& run,
+               const std::string& weights_in, const std::string& out_dir) {
   // The run's copy of its tokenizer; a run written before runs carried one: its data, opened.
   const std::string tok_dir = run_dir::tokenizer(run);
   const bool carried = files::exists(tok_dir + "/manifest.json");
   const data::Manifest manifest = carried ? data::Manifest::load(tok_dir) : data::Manifest();
-  const data::TrainData data = carried ? data::TrainData{} : data::open_train_data(cfg.data);
+  const data::TrainData data = carried ? data::TrainData{} : data::open_train_data(data_cfg);
   const data::TokenizerInfo& tok = carried ? manifest.tokenizer : data.tokenizer();
   const std::string weights = weights_in.empty() ? run_dir::weights(run) : weights_in;
   if (!files::exists(weights)) throw CheckpointError(weights + ": no such weights file (has the run finished?)");
-  const int64_t vocab = padded_vocab(cfg.model, static_cast<int64_t>(tok.vocab_size));
+  const int64_t vocab = padded_vocab(model, static_cast<int64_t>(tok.vocab_size));
   TensorPairs hf;
   try {
-    hf = to_hf(cfg.model, load_safetensors(weights));
+    hf = to_hf(model, load_safetensors(weights));
   } catch (const std::out_of_range& e) {
     throw CheckpointError(weights + ": " + e.what());
   }
   files::make_dirs(out_dir);
   save_safetensors(out_dir + "/model.safetensors", hf, {{"format", "pt"}});
   files::write_file_atomic(out_dir + "/config.json",
-                           hf_config(cfg.model, vocab, tok.eos_id, tok.pad_id).dump(2) + "\n");
+                           hf_config(model, vocab, tok.eos_id, tok.pad_id).dump(2) + "\n");
   if (!tok.file.empty())
     files::write_file_atomic(out_dir + "/tokenizer.model",
                              carried ? files::read_file(tok_dir + "/" + tok.file) : data.tokenizer_model());

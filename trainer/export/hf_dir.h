@@ -8,13 +8,17 @@
 
 #include <string>
 
+#include "data/loader/data_config.h"
 #include "models/lm.h"
+#include "models/model_config.h"
 
 namespace lm {
 
-// Writes OUT_DIR from the run's config and `weights` (default RUN/model.safetensors). Throws
+// Writes OUT_DIR from the run's model: and data: sections (its config.yaml, read by the caller),
+// the run directory `run` (its tokenizer) and `weights` (default RUN/model.safetensors). Throws
 // ConfigError / DataError / CheckpointError naming the file at fault.
-void export_hf(const std::string& run, const std::string& weights, const std::string& out_dir);
+void export_hf(const ModelConfig& model, const DataConfig& data, const std::string& run, const std::string& weights,
+               const std::string& out_dir);
 
 // Loads DIR's weights into m (nothing when dir is empty). Refuses (CheckpointError naming the file)
 // a config.json of another model_type or whose fields describe another computation than m's

@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "data/tokenizer/tokenizer.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/runtime/device.h"
 #include "trainer/cli.h"
 #include "common/errors.h"

@@ -1,6 +1,6 @@
-// Configuration of the optimizer (`optim:`) and the learning-rate schedule (`schedule:`).
-// The keys' descriptions and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
-// prints them with the defaults below.
+// Configuration of the optimizer (`optim:`) and the learning-rate schedule (`schedule:`). Torch-free.
+// The keys' descriptions and allowed values are in describe_optim and describe_schedule
+// (optim_config.cpp); `trainer --keys` prints them with the defaults below.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,9 @@
 #include <vector>
 
 namespace lm {
+namespace config_schema {
+class Schema;
+}
 
 // The optimizers optim.name takes, torch-free (the config checks the name, the memory check reads the
 // bytes): each one's name and the bytes of state it keeps per parameter. Its class is made by
@@ -29,18 +32,9 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
-  // fused: the step is skipped on the device when it is not finite (found_inf), so the host may read
-  // a step's results one step late; on is refused on the CPU before LibTorch 2.4; off is the flat
-  // update (CPU: one fused multi-threaded loop; CUDA: tensor ops).
   std::string fused = "auto";
-  // free_grads: per-parameter gradients, undefined between steps (backward allocates them), instead of
-  // views of one flat buffer zeroed every step; needs the fused AdamW and world size 1 (DDP
-  // all-reduces the flat buffer). clip_in_step: the clip coefficient goes to the fused AdamW as its
-  // grad_scale instead of a pass over the gradients. auto: on CUDA where the fused AdamW runs.
   std::string free_grads = "auto";
   std::string clip_in_step = "auto";
-  // z-loss (PaLM): z_loss x logsumexp(logits)^2 added per target token to the objective, logged
-  // apart (metrics.jsonl "z_loss"); 0 = off, the loss path exactly as without it.
   double z_loss = 0;
 };
 
@@ -53,14 +47,10 @@ inline double optimizer_state_bytes_per_param(const OptimConfig& c) {
 }
 
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine | linear | constant | wsd (warmup, stable, decay)
+  std::string kind = "cosine";
   int64_t warmup_steps = 100;
   double min_lr_ratio = 0.1;
-  // cosine, linear: the step at which the decay ends (0 = train.max_steps); wsd: the decay's length
-  // in steps (0 = from decay_fraction, or from the anneal stage to train.max_steps).
   int64_t decay_steps = 0;
-  // wsd: the decay's shape (linear, 1-sqrt, cosine) and its length as a share of train.max_steps
-  // (0 = decay_steps, or the anneal stage, gives it).
   std::string decay_shape = "linear";
   double decay_fraction = 0;
   // Not a key: wsd's first decay step when a data.stages entry has anneal: true (the stage's first
@@ -73,7 +63,7 @@ struct ScheduleConfig {
 // to optim.lr x min_lr_ratio at `end`, and stays there): start = the anneal stage's first step, or
 // max_steps minus the decay's length; length = decay_steps, or round(decay_fraction x max_steps),
 // or, from an anneal stage, to max_steps. The config loader refuses a decay that does not fit
-// (trainer/config.cpp); the schedule (trainer/optim/schedule.h) and its records read this one rule.
+// (trainer/config/config.cpp); the schedule (trainer/optim/schedule.h) and its records read this one rule.
 struct DecayWindow {
   int64_t start = 0, end = 0;
 };
@@ -84,5 +74,9 @@ inline DecayWindow wsd_decay_window(const ScheduleConfig& s, int64_t max_steps) 
   if (s.anneal_start >= 0) return {s.anneal_start, length > 0 ? s.anneal_start + length : max_steps};
   return {max_steps - length, max_steps};
 }
+
+// The optim.* and schedule.* keys into the config schema (trainer/config/config.cpp's describe()).
+void describe_optim(config_schema::Schema& s, OptimConfig& o);
+void describe_schedule(config_schema::Schema& s, ScheduleConfig& sc);
 
 }  // namespace lm

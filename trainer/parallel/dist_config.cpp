@@ -2,7 +2,7 @@
 // description, printed by `trainer --keys` and docs/config.md.
 #include "trainer/parallel/dist_config.h"
 
-#include "trainer/config_schema.h"
+#include "common/config/schema.h"
 
 namespace lm {
 

@@ -35,14 +35,14 @@
 
 namespace lm {
 
-torch::Device pick_device(const TrainConfig& t, int local_rank) {
-  if (t.device == "cuda" || (t.device == "auto" && torch::cuda::is_available())) {
+torch::Device pick_device(const std::string& device, bool bf16, int local_rank) {
+  if (device == "cuda" || (device == "auto" && torch::cuda::is_available())) {
     if (!torch::cuda::is_available()) throw ConfigError("key 'train.device': cuda requested but LibTorch has no CUDA device");
     return use_device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));  // current from now
   }
-  if (t.bf16() && !compat::kHasCpuAutocast)
+  if (bf16 && !compat::kHasCpuAutocast)
     throw ConfigError("key 'train.dtype': bf16 autocast on the CPU needs LibTorch >= 2.4 (this is " +
-                      compat::torch_version() + "; train.device=" + t.device + ")");
+                      compat::torch_version() + "; train.device=" + device + ")");
   return torch::Device(torch::kCPU);
 }
 
@@ -57,9 +57,8 @@ void set_math_threads(int64_t n) {
   }
 }
 
-void configure_math(const TrainConfig& t, const torch::Device& device) {
-  const int64_t threads = t.threads > 0 ? t.threads : (device.is_cpu() ? 1 : 0);
-  set_math_threads(threads);
+void configure_math(int64_t threads, const torch::Device& device) {
+  set_math_threads(threads > 0 ? threads : (device.is_cpu() ? 1 : 0));
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
 }
 

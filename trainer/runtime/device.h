@@ -10,24 +10,22 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/train_config.h"
-
 namespace lm {
 
 // Makes `device` this thread's current CUDA device and returns it; call before any other CUDA work
 // (every rank would otherwise create its context, streams and NCCL communicator on cuda:0). Throws
 // ConfigError when the index is not a visible device. No-op on CPU.
 torch::Device use_device(const torch::Device& device);
-// train.device (auto | cpu | cuda) for the rank with this local rank, made current (use_device).
-// Throws ConfigError when cuda is asked for and LibTorch has none, and when train.dtype bf16 asks
-// for CPU autocast that this LibTorch lacks (< 2.4).
-torch::Device pick_device(const TrainConfig& t, int local_rank);
-// The device's math settings for the run: set_math_threads(train.threads) when > 0; 0 on CPU means
+// train.device `device` (auto | cpu | cuda) for the rank with this local rank, made current
+// (use_device). Throws ConfigError when cuda is asked for and LibTorch has none, and when bf16
+// (train.dtype bf16) asks for CPU autocast that this LibTorch lacks (< 2.4).
+torch::Device pick_device(const std::string& device, bool bf16, int local_rank);
+// The device's math settings for the run: set_math_threads(threads, train.threads) when > 0; 0 on CPU means
 // one thread (OpenBLAS's pool of one thread per core was ~1.35x faster on an idle 2-core machine
 // and ~19x slower beside two busy processes: see set_math_threads; train.threads: 2 asks for it). Debian's 1.13 starts with one
 // thread, 2.x with one per core, so it is set, not left to the version. 0 on CUDA keeps LibTorch's
 // default; CUDA runs fp32 matmuls on TF32.
-void configure_math(const TrainConfig& t, const torch::Device& device);
+void configure_math(int64_t threads, const torch::Device& device);
 // n math threads. Where LibTorch calls OpenBLAS (Debian's builds), n is OpenBLAS's pool, whose
 // sgemm splits each product over it, and LibTorch's intra-op pool is one thread: both pools
 // threaded spin against each other (4x4 layers of 256 on 2 cores, 30 steps, idle: 93 ms a step with

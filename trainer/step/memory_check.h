@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace lm {
 

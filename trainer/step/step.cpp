@@ -13,17 +13,16 @@
 namespace lm {
 
 ForwardBackward::ForwardBackward(Parts p)
-    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.cfg->train.bf16()),
+    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.train->bf16()),
       fault_nan_step_(test_hooks().nan_step) {}
 
 RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats) {
-  const ExperimentConfig& cfg = *p_.cfg;
-  const int64_t accum = cfg.train.grad_accum;
+  const int64_t accum = p_.train->grad_accum;
   RankStats mine;
   std::vector<uint64_t> hashes;
   batches_before_ = p_.loader->state().batches;
   for (int64_t m = 0; m < accum; ++m) {  // the micro-batches first: their token count normalises the loss
-    if (!cfg.data.reuse_batch || batches[m].rows == 0) {
+    if (!p_.reuse_batch || batches[m].rows == 0) {
       batches[m] = p_.loader->next();
       mine.wait_ms += p_.loader->last_wait_ms();
       p_.source_tokens->add(batches[m]);
@@ -32,15 +31,15 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     mine.pad += batches[m].pad_tokens;
     mine.inputs += batches[m].rows * batches[m].cols;
     mine.flops += static_cast<double>(batches[m].rows * batches[m].cols - batches[m].pad_tokens) *
-                  flops_per_token(cfg.model, p_.vocab, batches[m].cols);  // real tokens at this length
+                  flops_per_token(*p_.model_cfg, p_.vocab, batches[m].cols);  // real tokens at this length
     hashes.push_back(batches[m].hash);
   }
   mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
-  const double global_targets = global_target_tokens(mine.targets, !cfg.data.bucketed(), p_.comm, p_.world);
+  const double global_targets = global_target_tokens(mine.targets, p_.packed, p_.comm, p_.world);
   p_.flat->zero_grad();
   const auto on_device = torch::TensorOptions().device(p_.device);
   torch::Tensor loss_sum = torch::zeros({}, on_device);
-  torch::Tensor z_sum = cfg.optim.z_loss > 0 ? torch::zeros({}, on_device) : torch::Tensor();  // optim.z_loss only
+  torch::Tensor z_sum = p_.z_loss ? torch::zeros({}, on_device) : torch::Tensor();  // optim.z_loss only
   for (int64_t m = 0; m < accum; ++m) {
     auto& b = batches[m];
     auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
@@ -59,8 +58,8 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
   }
   p_.parallel->after_backward(step + 1);
   const auto norm = p_.parallel->grad_norm(step + 1);  // undefined: taken from the flat gradients
-  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, cfg.optim.grad_clip, norm).to(torch::kDouble)});
-  if (cfg.optim.z_loss > 0) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
+  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, p_.grad_clip, norm).to(torch::kDouble)});
+  if (p_.z_loss) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
   return mine;
 }
 

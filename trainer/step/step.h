@@ -14,13 +14,15 @@
 #include "common/clock.h"
 #include "data/loader/loader.h"
 #include "models/lm.h"
-#include "trainer/config.h"
+#include "models/model_config.h"
+#include "trainer/config/train_config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/parallel/step_stats.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/source_tokens.h"
+#include "trainer/telemetry/telemetry_config.h"
 
 namespace lm {
 
@@ -28,7 +30,14 @@ class ForwardBackward {
  public:
   // Everything it reads or writes; each outlives it. comm: nullptr on one rank.
   struct Parts {
-    const ExperimentConfig* cfg;
+    const TrainConfig* train;      // grad_accum, dtype
+    const ModelConfig* model_cfg;  // the FLOPs per token of a batch's length
+    // The facts of other sections it reads: data.reuse_batch, data.mode=packed (the targets are
+    // counted over every rank), optim.grad_clip, optim.z_loss > 0 (the z-loss is summed apart).
+    bool reuse_batch;
+    bool packed;
+    double grad_clip;
+    bool z_loss;
     LM model;
     FlatParams* flat;
     data::Loader* loader;

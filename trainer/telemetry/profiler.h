@@ -9,16 +9,9 @@
 #include <memory>
 #include <string>
 
-namespace lm {
+#include "trainer/telemetry/telemetry_config.h"  // parse_step_range
 
-// Parses "A-B" with 1 <= A <= B. The one parser of log.profile_steps (config validation uses it).
-inline bool parse_step_range(const std::string& text, int64_t* a, int64_t* b) {
-  long long x = 0, y = 0;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "%lld-%lld%c", &x, &y, &tail) != 2 || x < 1 || y < x) return false;
-  *a = x, *b = y;
-  return true;
-}
+namespace lm {
 
 // Records with Kineto where LibTorch has it (compat::kHasKineto: CPU ops, and on a CUDA device its
 // kernels, memcpys and memsets), else with the legacy recorder (CPU ops). The top.json:

@@ -16,13 +16,14 @@ namespace lm {
 
 using clock::unix_now;
 
-RunTelemetry::RunTelemetry(const ExperimentConfig& cfg, int rank, int world, const torch::Device& device)
-    : cfg_(cfg), rank_(rank), world_(world), device_(device), detector_(cfg.anomaly) {}
+RunTelemetry::RunTelemetry(const LogConfig& log, const AnomalyConfig& anomaly, TelemetryRuntime rt)
+    : log_cfg_(log), anomaly_(anomaly), rt_(std::move(rt)), rank_(rt_.rank), world_(rt_.world), device_(rt_.device),
+      detector_(anomaly) {}
 
 void RunTelemetry::start(const std::string& command, RunFacts facts, ResumeFacts resume) {
   resume_ = std::move(resume);
   start_step_ = std::max<int64_t>(0, resume_.step);
-  peak_ = mfu_peak(cfg_.log.peak_tflops, facts.gpu.model, cfg_.train.dtype, device_);
+  peak_ = mfu_peak(log_cfg_.peak_tflops, facts.gpu.model, rt_.dtype, device_);
   log::info(peak_.flops <= 0 ? "MFU unknown: no peak for " + facts.gpu.model + " (set log.peak_tflops)"
                              : strf("MFU against %.4g TFLOP/s (%s): matmul FLOPs of the non-pad tokens (models/gpt.h) "
                                     "over the steps' wall time (data wait, upload, forward, backward, all-reduce, "
@@ -30,16 +31,17 @@ void RunTelemetry::start(const std::string& command, RunFacts facts, ResumeFacts
                                     peak_.flops / 1e12, peak_.source.c_str()));
   if (rank_ != 0) return;
   MetricsSink::Options mo;
-  mo.run_dir = cfg_.run.dir;
+  mo.run_dir = rt_.run_dir;
   mo.keep_through_step = resume_.step;
-  mo.tensorboard = cfg_.log.tensorboard;
-  mo.total_steps = cfg_.train.max_steps;
-  mo.long_window_s = cfg_.log.long_window_s;
+  mo.tensorboard = log_cfg_.tensorboard;
+  mo.total_steps = rt_.max_steps;
+  mo.long_window_s = log_cfg_.long_window_s;
   sink_ = std::make_unique<MetricsSink>(mo);
   long_window_.sink = sink_.get();
   if (long_window_.pending.is_object() && !long_window_.pending.empty()) sink_->load_window_state(long_window_.pending);
   facts.command = command;
-  record_ = std::make_unique<RunRecord>(cfg_.run.dir, describe_run(facts));
+  config_ = facts.config;  // anomaly evidence carries it
+  record_ = std::make_unique<RunRecord>(rt_.run_dir, describe_run(facts));
 }
 
 void RunTelemetry::add_step(const TrainLog::Step& s) {
@@ -74,8 +76,8 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
   // MFU of rank 0's device: its matmul FLOPs over the window's step time, against the peak
   // (start() says which); unknown without one.
   rec[r::kMfuPct] = peak_.pct(w.flops_per_s);  // NaN (null) when unknown
-  if (cfg_.optim.z_loss > 0) rec[r::kZLoss] = nonfinite ? std::nan("") : w.z_loss;
-  if (cfg_.data.bucketed()) rec[r::kPaddingPct] = w.padding_pct;
+  if (rt_.z_loss) rec[r::kZLoss] = nonfinite ? std::nan("") : w.z_loss;
+  if (rt_.bucketed) rec[r::kPaddingPct] = w.padding_pct;
   rec[r::kCpuStealPct] = steal_.take_pct();  // NaN (null) when unknown
   source_tokens.close(rec);
   record_ms_ += 1e3 * clock::seconds_since(t0);
@@ -83,14 +85,14 @@ void RunTelemetry::train_record(const TrainFacts& f, SourceTokens& source_tokens
 }
 
 void RunTelemetry::log_eta() {
-  const int64_t step = start_step_ + steps_seen_, left = cfg_.train.max_steps - step;
+  const int64_t step = start_step_ + steps_seen_, left = rt_.max_steps - step;
   if (left <= 0) eta_logged_ = true;
   if (eta_logged_ || eta_steps_ < 2 || (eta_steps_ < kEtaSteps && eta_s_ < 30)) return;
   eta_logged_ = true;
   const double per_step = eta_s_ / static_cast<double>(eta_steps_), eta = per_step * static_cast<double>(left);
   log::info(strf("estimated time to train.max_steps=%lld on this machine: %s (%lld steps left at %.1f ms/step, the "
                  "mean of steps %lld-%lld, after step %lld's warm-up; validation and checkpoint saves come on top)",
-                 (long long)cfg_.train.max_steps, duration_text(eta).c_str(), (long long)left, 1e3 * per_step,
+                 (long long)rt_.max_steps, duration_text(eta).c_str(), (long long)left, 1e3 * per_step,
                  (long long)(step - eta_steps_ + 1), (long long)step, (long long)(step - eta_steps_)));
 }
 
@@ -109,7 +111,7 @@ std::string RunTelemetry::check_step(const StepFacts& s, const std::vector<data:
   std::string reason = detector_.check(s.step, s.loss, s.grad_norm);
   if (reason.empty()) return reason;
   const auto& recent = detector_.recent_losses();
-  AnomalyFacts f{s.step, reason, cfg_.anomaly.action, s.loss, s.grad_norm, s.lr, world_, s.batch_hash,
+  AnomalyFacts f{s.step, reason, anomaly_.action, s.loss, s.grad_norm, s.lr, world_, s.batch_hash,
                  {recent.begin(), recent.end()}, {}};
   if (rank_ == 0) {
     log::warn(strf("anomaly at step %lld: %s (action: %s)", (long long)f.step, f.reason.c_str(), f.action.c_str()));
@@ -118,10 +120,10 @@ std::string RunTelemetry::check_step(const StepFacts& s, const std::vector<data:
                   {records::kGradNorm, finite_or_null(f.grad_norm)}, {records::kAction, f.action},
                   {records::kBatchHash, hex64(f.batch_hash)}});
   }
-  if (dumps_ < cfg_.anomaly.max_dumps) {
+  if (dumps_ < anomaly_.max_dumps) {
     ++dumps_;
-    if (rank_ == 0) f.config = nlohmann::json::parse(to_json(cfg_));
-    write_anomaly_evidence(cfg_.run.dir, rank_, f, batches, sources);
+    if (rank_ == 0) f.config = config_;
+    write_anomaly_evidence(rt_.run_dir, rank_, f, batches, sources);
   }
   return reason;
 }
@@ -165,7 +167,7 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
   sum.first_tasks = first_tasks_, sum.tasks = tasks_;
   if (rank_ != 0) return sum;
   const double pad_pct = log_.padding_pct();
-  const bool bucketed = cfg_.data.bucketed();
+  const bool bucketed = rt_.bucketed;
   // Without validation, no val loss is said (summary.json: null), never a number that reads as one.
   // A run stopped before its first logged window has no loss to say (first_loss is -1 then).
   const std::string loss = sum.first_loss < 0 ? std::string("no step logged")
@@ -193,7 +195,7 @@ TrainSummary RunTelemetry::summary(int64_t steps, int64_t start_step, double wal
                               {r::kExamples, sum.tasks[i].examples}};
     j[r::kTasks] = t;
   }
-  files::write_file_atomic(run_dir::summary(cfg_.run.dir), j.dump(2) + "\n");
+  files::write_file_atomic(run_dir::summary(rt_.run_dir), j.dump(2) + "\n");
   return sum;
 }
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "trainer/config.h"
+#include "trainer/telemetry/telemetry_config.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/mfu.h"
 #include "common/torch/stateful.h"
@@ -66,9 +66,20 @@ struct SaveFacts {
   double block_ms = 0, write_ms = 0, mb = 0, steal_ms = 0;
 };
 
+// What telemetry needs of the run besides its log: and anomaly: sections.
+struct TelemetryRuntime {
+  std::string run_dir;     // run.dir
+  int64_t max_steps = 0;   // train.max_steps
+  std::string dtype;       // train.dtype: the MFU peak's
+  bool z_loss = false;     // optim.z_loss > 0: train records carry z_loss
+  bool bucketed = false;   // data.mode=bucketed: train records and the summary carry padding_pct
+  int rank = 0, world = 1;
+  torch::Device device = torch::kCPU;
+};
+
 class RunTelemetry {
  public:
-  RunTelemetry(const ExperimentConfig& cfg, int rank, int world, const torch::Device& device);
+  RunTelemetry(const LogConfig& log, const AnomalyConfig& anomaly, TelemetryRuntime rt);
 
   TrainLog& train_log() { return log_; }
   Stateful& long_window() { return long_window_; }
@@ -110,13 +121,16 @@ class RunTelemetry {
     void load_state(const ComponentState* st) override { pending = st ? st->values : nlohmann::json(); }
   };
 
-  const ExperimentConfig& cfg_;
+  const LogConfig log_cfg_;
+  const AnomalyConfig anomaly_;
+  const TelemetryRuntime rt_;
   int rank_, world_;
   torch::Device device_;
   TrainLog log_;
   LongWindow long_window_;
   AnomalyDetector detector_;
   ResumeFacts resume_;  // until its record is written
+  nlohmann::json config_;  // the resolved config (RunFacts::config; rank 0)
   MfuPeak peak_;
   // A measured (CPU) peak is measured again between steps at a train record this often (30 s,
   // doubling to 10 min: at most ~0.2 s each), the best kept: a start-up measurement on a busy host

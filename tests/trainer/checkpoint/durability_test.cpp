@@ -18,7 +18,7 @@
 #include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/step/memory_check.h"
 #include "trainer/run/run_dir.h"
 

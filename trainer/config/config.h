@@ -5,8 +5,9 @@
 // naming the closest valid key; a wrong type or out-of-range value names the key (and FILE:LINE
 // when it came from the file); a YAML syntax error names the line. All throw ConfigError.
 //
-// Each key's description and allowed values are in describe() in trainer/config.cpp; `trainer --keys`
-// (describe_keys() below) prints them with the defaults of the component Config structs.
+// Each key's description and allowed values are in its section's describe_<section>() beside the
+// struct that owns the section (the list: describe() in config.cpp); `trainer --keys` (describe_keys()
+// below) prints them with the defaults of those structs.
 #pragma once
 
 #include <string>
@@ -16,9 +17,11 @@
 #include "data/loader/data_config.h"
 #include "models/model_config.h"
 #include "trainer/checkpoint/checkpoint_config.h"
-#include "trainer/parallel/dist_config.h"
+#include "trainer/config/train_config.h"
+#include "trainer/eval/eval_config.h"
 #include "trainer/optim/optim_config.h"
-#include "trainer/train_config.h"
+#include "trainer/parallel/dist_config.h"
+#include "trainer/telemetry/telemetry_config.h"
 
 namespace lm {
 

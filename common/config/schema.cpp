@@ -1,11 +1,11 @@
-// The config schema's helpers (see config_schema.h): each key's check and its allowed-values text
+// The config schema's helpers (see schema.h): each key's check and its allowed-values text
 // from the same bounds and choices.
-#include "trainer/config_schema.h"
+#include "common/config/schema.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "trainer/config_values.h"
+#include "common/config/values.h"
 
 namespace lm::config_schema {
 namespace {
