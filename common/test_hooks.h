@@ -20,6 +20,9 @@ struct TestHooks {
   // (an all-reduce of a copy, only the owned pieces kept: trainer/parallel/), so the NCCL
   // path's arithmetic runs on the CPU.
   bool emulate_reduce_scatter = false;
+  // LM_TEST_WEIGHTS_RESIDENT=1: a strategy that releases the weights' pages counts the resident ones
+  // (mincore) after every gather and logs the peak (trainer/parallel/zero3.cpp).
+  bool measure_weights_resident = false;
   // LM_TEST_PEAK_TFLOPS=<x>: the CPU MFU peak is x TFLOP/s instead of an SGEMM measured at start
   // (trainer/runtime/device.cpp), which costs each of the suite's short trainer processes ~0.5 s.
   double peak_tflops = 0;
@@ -30,6 +33,7 @@ inline TestHooks test_hooks() {
   if (const char* v = std::getenv("LM_FAULT_KILL_IN_SAVE")) h.kill_in_save_step = std::atoll(v);
   if (const char* v = std::getenv("LM_FAULT_NAN_STEP")) h.nan_step = std::atoll(v);
   if (const char* v = std::getenv("LM_ZERO_REDUCE_SCATTER")) h.emulate_reduce_scatter = std::strcmp(v, "1") == 0;
+  if (const char* v = std::getenv("LM_TEST_WEIGHTS_RESIDENT")) h.measure_weights_resident = std::strcmp(v, "1") == 0;
   if (const char* v = std::getenv("LM_TEST_PEAK_TFLOPS")) h.peak_tflops = std::atof(v);
   return h;
 }

@@ -73,6 +73,7 @@ void GPTImpl::init_weights() {
 torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const int64_t T = idx.size(1), P = cache ? cache->pos : 0;
   TORCH_CHECK(P + T <= cfg.seq_len, "sequence of ", P + T, " tokens exceeds model.seq_len=", cfg.seq_len);
+  rest_used();
   const DocMask docs = doc_mask_now(idx, cache);  // data.doc_mask: positions restart at each document
   auto pos = docs.defined() ? docs.pos : torch::arange(P, P + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte->forward(idx) + wpe->forward(pos);  // (B, T, C)
@@ -82,9 +83,8 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
   const bool checkpoint = recompute_blocks_now(cache);
   for (size_t i = 0; i < blocks->size(); ++i) {
     auto block = blocks->ptr<BlockImpl>(i);
-    x = checkpoint ? recompute_block([block, docs](const torch::Tensor& in) { return block->forward(in, nullptr, 0, &docs); },
-                                      x, block->parameters())
-                   : block->forward(x, cache, i, &docs);
+    x = run_block(i, [block, docs, cache, i](const torch::Tensor& in) { return block->forward(in, cache, i, &docs); }, x,
+                  checkpoint, *block);
   }
   if (cache) cache->pos += T;
   return gpt_norm(lnf, x);

@@ -39,6 +39,7 @@ struct GPTImpl : LMImpl {
   // numerics.doc_eos (data.doc_mask) the learned positions restart at each document.
   torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
   torch::Tensor head_weight() override { return wte->weight; }  // tied head
+  torch::nn::ModuleList block_list() const override { return blocks; }
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2*n_layer), zero biases, unit LayerNorm. Draws from the default generator.

@@ -140,17 +140,16 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, KVCache* cache) {
     cos = cos_.index_select(0, docs.pos.reshape({-1})).view({B, T, half});
     sin = sin_.index_select(0, docs.pos.reshape({-1})).view({B, T, half});
   }
+  rest_used();
   auto h = tok_embeddings->forward(idx);  // (B, T, C)
   if (numerics.bf16_residual)
     if (auto dtype = compat::autocast_dtype(idx.device().type())) h = h.to(*dtype);
   const bool checkpoint = recompute_blocks_now(cache);
   for (size_t i = 0; i < layers->size(); ++i) {
     auto block = layers->ptr<LlamaBlockImpl>(i);
-    h = checkpoint ? recompute_block([block, cos, sin, docs](const torch::Tensor& in) {
-                                        return block->forward(in, cos, sin, nullptr, 0, &docs);
-                                      },
-                                      h, block->parameters())
-                   : block->forward(h, cos, sin, cache, i, &docs);
+    h = run_block(i, [block, cos, sin, docs, cache, i](const torch::Tensor& in) {
+                    return block->forward(in, cos, sin, cache, i, &docs);
+                  }, h, checkpoint, *block);
   }
   if (cache) cache->pos += T;
   return norm->forward(h);

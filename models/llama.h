@@ -65,6 +65,7 @@ struct LlamaImpl : LMImpl {
   // (data.doc_mask) RoPE's positions restart at each document.
   torch::Tensor hidden(const torch::Tensor& idx, KVCache* cache) override;
   torch::Tensor head_weight() override { return output ? output->weight : tok_embeddings->weight; }
+  torch::nn::ModuleList block_list() const override { return layers; }
 
   // torchtitan's init (depth_init): embedding N(0, 1) (tied: N(0, init_std)); per layer l
   // (0-based) wq, wk, wv, w1 ~ TN(0, init_std), wo, w2, w3 ~ TN(0, init_std / sqrt(2 (l + 1)))

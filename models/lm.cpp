@@ -1,6 +1,7 @@
 // The language-model interface's shared parts (see lm.h).
 #include "models/lm.h"
 
+#include "models/recompute.h"
 #include "models/cpu_kernels.h"
 #include "models/head_loss.h"
 
@@ -40,6 +41,22 @@ LossTerms LMImpl::loss_terms(const torch::Tensor& idx, const torch::Tensor& targ
                                numerics.z_loss);
   }
   return {both[0], both[1]};
+}
+
+torch::Tensor LMImpl::run_block(size_t i, std::function<torch::Tensor(const torch::Tensor&)> f, const torch::Tensor& x,
+                                bool checkpoint, const torch::nn::Module& block) {
+  if (unit_hooks) unit_hooks->before_forward(i);
+  auto y = checkpoint ? recompute_block(std::move(f), x, block.parameters()) : f(x);
+  if (unit_hooks) {
+    unit_hooks->after_forward(i);
+    if (y.requires_grad()) {
+      std::weak_ptr<UnitHooks> hooks = unit_hooks;  // the graph may outlive whoever installed them
+      y.register_hook([hooks, i](const torch::Tensor&) {
+        if (auto h = hooks.lock()) h->before_backward(i);
+      });
+    }
+  }
+  return y;
 }
 
 int64_t LMImpl::num_params() const {

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "models/model_config.h"
@@ -49,6 +51,22 @@ struct DocMask {
 // From the input tokens idx (B, T) and the EOS id, on idx's device.
 DocMask doc_mask_of(const torch::Tensor& idx, int64_t eos);
 
+// Told around each use of a unit's weights by whoever keeps them elsewhere between uses (weights
+// sharded over ranks: trainer/parallel/ gathers a unit before it runs and releases it after). Unit
+// i < number of blocks is block i; the last unit is the rest (embeddings, final norm, head), whose
+// use starts with hidden() and lasts until the model's backward has produced its gradients.
+struct UnitHooks {
+  virtual ~UnitHooks() = default;
+  // Before unit u's forward (a block's first run, or hidden() for the rest): its weights whole
+  // when this returns.
+  virtual void before_forward(size_t unit) = 0;
+  // After block u's forward: its weights may go until before_backward(u).
+  virtual void after_forward(size_t unit) = 0;
+  // Block u's output gradient arrived (a hook on its output): its backward, or its recompute under
+  // activation checkpointing, runs next and needs its weights whole.
+  virtual void before_backward(size_t unit) = 0;
+};
+
 // The training objective's terms, summed over targets != -1 (the trainer back-propagates ce + z and
 // logs them apart): the cross-entropy, and the z-loss (undefined where numerics.z_loss is 0).
 struct LossTerms {
@@ -80,12 +98,24 @@ struct LMImpl : torch::nn::Module {
   // Redraws every weight as the architecture initialises it (default generator).
   virtual void init_weights() = 0;
   int64_t num_params() const;  // unique parameters (a tied head counted once)
+  // The transformer blocks, in order (units 0.. of UnitHooks; every other parameter is the rest).
+  virtual torch::nn::ModuleList block_list() const = 0;
 
   ModelConfig cfg;
   int64_t vocab;
   Numerics numerics;
+  // Unset: nothing is told (the weights stay where they are).
+  std::shared_ptr<UnitHooks> unit_hooks;
 
  protected:
+  // Block i's forward f(x), under activation checkpointing when `checkpoint` (params: the block's
+  // parameters, models/recompute.h), with unit_hooks told around it.
+  torch::Tensor run_block(size_t i, std::function<torch::Tensor(const torch::Tensor&)> f, const torch::Tensor& x,
+                          bool checkpoint, const torch::nn::Module& block);
+  // The rest's use begins (hidden()'s first line).
+  void rest_used() {
+    if (unit_hooks) unit_hooks->before_forward(block_list()->size());
+  }
   // Whether this forward checkpoints its blocks: numerics.recompute_blocks, in training mode, with
   // grad enabled and no KV cache (evaluation and generation keep nothing for a backward anyway).
   bool recompute_blocks_now(const KVCache* cache) const {

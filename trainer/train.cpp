@@ -133,7 +133,7 @@ class Trainer {
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     m_.model->train();
-    if (tasks_) score_tasks();  // the untrained (or resumed) model's scores, before its first step
+    if (tasks_) m_.parallel->before_snapshot(), score_tasks();  // the untrained (or resumed) model's scores, before its first step
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
@@ -143,6 +143,7 @@ class Trainer {
       } catch (const DataError& e) {  // the data ended or went bad (a 4xx): the last whole step, and its weights
         keep_last_whole_step();
         if (progress_.step == progress_.start_step) throw;  // nothing new to keep
+        m_.parallel->before_snapshot();  // every rank: the weights whole
         if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
         throw DataError(strf("%s; stopped after step %lld: its checkpoint and %s saved", e.what(),
                              (long long)progress_.step, run_dir::weights(cfg_.run.dir).c_str()));
@@ -153,6 +154,7 @@ class Trainer {
     ckpt_->wait();
     telemetry_.flush();
     log_saves();
+    m_.parallel->before_snapshot();  // every rank: the weights whole
     if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
     return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
   }
@@ -314,6 +316,8 @@ class Trainer {
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
   // the downstream tasks' scores (the trained weights).
   void evaluate() {
+    if (!tasks_ && !eval_) return;
+    m_.parallel->before_snapshot();  // each rank evaluates its own batches with whole weights
     if (tasks_) score_tasks();
     if (!eval_) return;
     const double loss = eval_->mean_loss(m_.model, comm_.get());
@@ -325,6 +329,7 @@ class Trainer {
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
+    m_.parallel->before_snapshot();
     ckpt_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
     log_saves();
   }

@@ -19,6 +19,8 @@ class Ema : public Stateful {
   void update(const torch::Tensor& found_inf = {});
   // Asked before the EMA or (swapping) the parameters are written (nullptr: none).
   void set_fence(WriteFence* f) { fence_ = f; }
+  // The average, (numel,) laid out as flat.params() (updated in place, never replaced).
+  const torch::Tensor& values() const { return ema_; }
   // Runs fn() with the EMA weights in place of the model's, then puts the model's back.
   template <typename F>
   auto with_weights(F&& fn) {

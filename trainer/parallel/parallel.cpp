@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/zero1.h"
+#include "trainer/parallel/zero3.h"
 
 namespace lm {
 namespace {
@@ -29,6 +30,9 @@ const std::vector<Strategy>& strategies() {
       {"zero1", [](const DistConfig& d, int world, bool) { return d.zero == 1 && world > 1; },
        [](double n, double opt, int world) { return RankBytes{4 * n, 4 * n, opt * n / world}; },
        [](const ParallelInit& in) { return std::make_unique<Zero1>(in); }},
+      {"zero3", [](const DistConfig& d, int world, bool) { return d.zero == 3 && world > 1; },
+       [](double n, double opt, int world) { return RankBytes{4 * n / world, 4 * n, opt * n / world}; },
+       [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }},
       {"data_parallel", [](const DistConfig&, int, bool) { return true; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<DataParallel>(in); }},
   };

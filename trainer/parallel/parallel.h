@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "trainer/optim/flat_params.h"
+#include "common/torch/stateful.h"
 #include "trainer/parallel/dist_config.h"
 #include "trainer/parallel/process_group.h"
 
@@ -47,6 +48,16 @@ class Parallelism {
   virtual torch::Tensor grad_norm(int64_t /*step*/) { return {}; }
   // After the optimizer updated this rank's ranges, before the EMA reads the weights.
   virtual void after_update() {}
+  // A buffer laid out as the flat parameters and updated from them value by value (the EMA): a
+  // strategy that keeps only its pieces of the weights between steps makes it whole with them in
+  // before_snapshot().
+  virtual void track_like_params(torch::Tensor /*buffer*/) {}
+  // Before the weights (and the tracked buffers) are read whole: a checkpoint's snapshot, the final
+  // weights, an evaluation. Every rank calls it (it may communicate); they stay whole until the next
+  // step's first before_backward.
+  virtual void before_snapshot() {}
+  // Asked before the strategy writes over weights a snapshot may still be copying (nullptr: none).
+  virtual void set_fence(WriteFence* /*f*/) {}
   // The start-up line: what a rank keeps. optimizer_bytes/what: the optimizer's state on this rank.
   virtual std::string describe(int64_t optimizer_bytes, const std::string& what) const = 0;
 };

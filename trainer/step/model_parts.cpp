@@ -45,7 +45,10 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.flat = std::make_unique<FlatParams>(*m.model, path);
   m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world});
   m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
-  if (cfg.train.ema_decay > 0) m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
+  if (cfg.train.ema_decay > 0) {
+    m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
+    m.parallel->track_like_params(m.ema->values());
+  }
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
   m.params = m.model->num_params();
   m.flops_per_token = flops_per_token(cfg.model, vocab, cfg.model.seq_len);

@@ -32,6 +32,7 @@ struct ModelParts {
   void set_fence(WriteFence* f) {
     opt->set_fence(f);
     if (ema) ema->set_fence(f);
+    parallel->set_fence(f);
   }
   // The final weights (safetensors, format "pt", with the architecture and the step).
   void save_weights(const std::string& path, const std::string& arch, int64_t step) const;

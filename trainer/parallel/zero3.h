@@ -1,0 +1,89 @@
+// ZeRO-3 (dist.zero: 3), fully sharded weights on top of ZeRO-1 (zero1.h): between steps rank r
+// keeps only its pieces of the weights (ZeroLayout: its piece of every gradient bucket, the same
+// pieces its AdamW owns, so the optimizer steps them in place and nothing else moves after the
+// update). The model is cut into units (models/lm.h UnitHooks): each transformer block, and the rest
+// (embeddings, final norm, head). A unit's weights are gathered just before its forward (every
+// piece broadcast by its owner into every rank's flat buffer, asynchronously; the next block's
+// gather issued at once so that it overlaps this block's compute), released after it, gathered
+// again when its output's gradient arrives (before its backward, or its recompute under activation
+// checkpointing; the block below is prefetched), and released once the backward has accumulated the
+// gradients of all its parameters. The rest is gathered from hidden() until its last gradient.
+//
+// Releasing: the flat parameter buffer is moved into memory this strategy maps itself (no huge
+// pages), and a released unit's pages that hold no value this rank owns are handed back to the
+// kernel (madvise MADV_DONTNEED): the parameters, and the tensors autograd saved of them, keep their
+// addresses (no version counter moves), the pages read as zeros until the next gather fills them.
+// Pages shared with an owned piece or with another unit stay (at most two per range edge). CPU
+// only so far (CUDA would need the allocator's virtual memory mapping); a CUDA run is refused.
+//
+// Gradients as ZeRO-1 keeps them (the whole flat gradient buffer, every bucket all-reduced on Gloo:
+// the same sums and norm as plain data parallelism, bit for bit). Snapshots (checkpoints, the final
+// weights, evaluation) make the weights and the EMA (track_like_params) whole first: every piece
+// broadcast by its owner (a rank then holds all weights while it saves; per-piece saving is still to do).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/torch/compat.h"
+#include "models/lm.h"
+#include "trainer/parallel/zero1.h"
+
+namespace lm {
+
+class Zero3 : public Zero1 {
+ public:
+  // Throws ConfigError (dist.zero) for a model that is not an LM, or on CUDA.
+  explicit Zero3(const ParallelInit& init);
+  ~Zero3() override;
+  // Zero1's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
+  void start() override;
+  void before_backward(bool last) override;
+  void after_backward(int64_t step) override;
+  void after_update() override {}  // each rank keeps its updated pieces; gathered when used
+  void track_like_params(torch::Tensor buffer) override { tracked_.push_back(std::move(buffer)); }
+  void before_snapshot() override;
+  void set_fence(WriteFence* f) override { fence_ = f; }
+  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+
+  // The model's unit hooks (models/lm.h), through an adapter the model holds.
+  void unit_before_forward(size_t unit);
+  void unit_after_forward(size_t unit);
+  void unit_before_backward(size_t unit);
+
+ private:
+  struct Unit {
+    std::vector<FlatRange> ranges;                   // its parameters' values, merged, ascending
+    std::vector<std::pair<FlatRange, int>> sources;  // what each owner broadcasts into it
+    std::vector<std::pair<size_t, size_t>> spans;    // byte offset and length of its pages this rank may release
+    int64_t numel = 0;
+    int params = 0, pending_grads = 0;  // its parameters; those whose gradient this backward still owes
+    enum State { kReleased, kInFlight, kGathered } state = kReleased;
+    std::vector<std::shared_ptr<Comm::Pending>> work;
+  };
+  void issue(size_t u);
+  void ready(size_t u);
+  void release(size_t u, bool force = false);
+  void grad_accumulated(size_t u);
+  void note_peak();
+
+  LMImpl* lm_;
+  std::vector<Unit> units_;  // blocks, then the rest
+  size_t blocks_ = 0;
+  std::vector<size_t> unit_of_entry_;
+  char* base_ = nullptr;  // the flat buffer's mapping
+  size_t page_ = 4096;
+  std::vector<torch::Tensor> tracked_;
+  WriteFence* fence_ = nullptr;
+  bool whole_ = true;  // every value of the weights present (before start(), after a snapshot)
+  bool measure_resident_;
+  int64_t gathered_ = 0, peak_gathered_ = 0, logged_peak_ = -1;  // values of gathered units
+  int64_t peak_resident_ = 0;                                     // bytes (mincore), when measured
+  std::vector<std::pair<compat::AutogradNodePtr, uintptr_t>> hooks_;
+};
+
+}  // namespace lm
