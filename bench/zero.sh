@@ -13,7 +13,10 @@
 #        /usr/bin/time: Debian package time, launch/deps.sh)
 #   env MODEL: trainer overrides for the model (default: the kjv data at d_model 768, 12 layers,
 #   ~85M weights, micro-batch 1 x 128: the weights, gradients and moments dominate the activations)
-#   env MICRO: train.micro_batch_size (default 1); env ZEROS: the stages (default "0 1 2")
+#   env MICRO: train.micro_batch_size (default 1); env ZEROS: the stages (default "0 1 2"); env DATA:
+#   the dataset (default shards/kjv); env BUCKET_MB: dist.bucket_mb (default 4: ZeRO-2 keeps up to
+#   three buckets beside its pieces while the backward runs, so the buckets must be small against
+#   the model for its saving to show; 25 MB buckets on a 100 MB model hide most of it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=6
@@ -31,15 +34,16 @@ done
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --steps must be a whole number >= 1, got '$STEPS'" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "zero.sh: --rounds must be a whole number >= 1, got '$ROUNDS'" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "zero.sh: /usr/bin/time missing (Debian package time: bash launch/deps.sh)" >&2; exit 2; }
-[ -f shards/kjv/manifest.json ] || { echo "zero.sh: run launch/kjv.sh first (needs shards/kjv)" >&2; exit 2; }
+DATA=${DATA:-shards/kjv}
+[ -f "$DATA/manifest.json" ] || { echo "zero.sh: run launch/kjv.sh first (needs $DATA)" >&2; exit 2; }
 [ -x build/bin/trainer ] && [ -x build/bin/launch ] || bash launch/build.sh trainer launch >&2
 WORK=$(mktemp -d /tmp/lmzero.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1
 read -r -a model <<< "${MODEL:-model.d_model=768 model.n_layer=12 model.n_head=12 model.seq_len=128}"
 read -r -a stages <<< "${ZEROS:-0 1 2}"
-args=(configs/kjv.yaml "${model[@]}" "train.max_steps=$STEPS" "train.micro_batch_size=${MICRO:-1}" "log.every_steps=$STEPS"
-      "eval.batches=0" "checkpoint.every_steps=0" "train.threads=1" "log.tensorboard=false" "dist.backend=gloo")
+args=(configs/kjv.yaml "data.train=$DATA" "${model[@]}" "train.max_steps=$STEPS" "train.micro_batch_size=${MICRO:-1}" "log.every_steps=$STEPS"
+      "eval.batches=0" "checkpoint.every_steps=0" "train.threads=1" "log.tensorboard=false" "dist.backend=gloo" "dist.bucket_mb=${BUCKET_MB:-4}")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq "$ROUNDS"); do
   zeros=("${stages[@]}")
