@@ -592,10 +592,11 @@ void expect_same_ema(const std::string& a, const std::string& b, int64_t step) {
 // and grad norm, the final weights and the EMA bit for bit, with clipping (grad_clip 0.05
 // clips every step), a non-finite step skipped (LM_FAULT_NAN_STEP), the EMA; at 2 ranks GPT with
 // dropout, gradient accumulation and activation checkpointing, at 4 ranks Llama (GQA, untied head;
-// it has no dropout). What
-// these bits catch: the reduce-scatter path (the sums added in another order, the norm from the
-// pieces) gives 0.9295907 at step 1 here (Llama, 4 ranks; ZeRO-1's reduce-scatter path the same)
-// against plain data parallelism's 0.9295713, and other weights.
+// it has no dropout). Checked
+// to fail with the norm taken from the pieces' sums of squares (NormStream not used): at 2 ranks
+// 2.92814564704895 at step 1 against plain data parallelism's 2.928135395050049, and other weights.
+// The reduce-scatter path (the sums added in another order too) gives 0.9295907 against 0.9295713
+// at 4 ranks (Llama; ZeRO-1's reduce-scatter path the same).
 TEST_F(ZeroE2E, ZeroTwoSameLossesNormsWeightsAndEmaAsPlainDataParallel) {
   for (int world : {2, 4}) {
     TempDir plain, zero;
