@@ -24,6 +24,9 @@ AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector
     }
     state += r.numel;
   }
+  // Gradients in pieces (GradPath::pieces): packed as the moments are, the owned ranges one after another.
+  TORCH_CHECK(!flat.path().pieces || (sharded_ && flat.grad_pieces().numel() == state),
+              "AdamW: gradients in pieces need the same owned ranges as the moments");
   m_ = torch::zeros({state}, flat.params().options());
   v_ = torch::zeros({state}, flat.params().options());
   fused_ = resolve_fused(cfg, flat.params().is_cuda());
@@ -41,7 +44,9 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t_));
   const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
-  auto& g = flat_.grads();
+  // The gradients: the flat buffer (indexed as the weights), or packed as the moments (pieces).
+  const bool packed = flat_.path().pieces;
+  const torch::Tensor& g = packed ? flat_.grad_pieces() : flat_.grads();
   if (p.is_cpu() && p.scalar_type() == torch::kFloat) {
     float* pp = p.data_ptr<float>();
     const float* gp = g.data_ptr<float>();
@@ -52,11 +57,12 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
     for (const auto& seg : segments_) {  // unsharded: the decay runs, moments at the same offsets
       const float fdecay = seg.decay ? 1.0 - lr * wd : 1.0f;
       const int64_t shift = seg.state_offset - seg.offset;  // flat index -> moment index
+      const int64_t gshift = packed ? shift : 0;  // flat index -> gradient index
       at::parallel_for(seg.offset, seg.offset + seg.numel, 1 << 15, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const int64_t j = i + shift;
-          float mi = fb1 * mp[j] + omb1 * gp[i];
-          float vi = fb2 * vp[j] + omb2 * gp[i] * gp[i];
+          float mi = fb1 * mp[j] + omb1 * gp[i + gshift];
+          float vi = fb2 * vp[j] + omb2 * gp[i + gshift] * gp[i + gshift];
           mp[j] = mi;
           vp[j] = vi;
           pp[i] = pp[i] * fdecay - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
@@ -72,7 +78,7 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   int64_t state = 0;
   for (const auto& r : owned_) {  // unsharded: one range, the whole buffer
     auto m = m_.narrow(0, state, r.numel), v = v_.narrow(0, state, r.numel);
-    auto pr = p.narrow(0, r.offset, r.numel), gr = g.narrow(0, r.offset, r.numel);
+    auto pr = p.narrow(0, r.offset, r.numel), gr = g.narrow(0, packed ? state : r.offset, r.numel);
     m.mul_(b1).add_(gr, 1 - b1);
     v.mul_(b2).addcmul_(gr, gr, 1 - b2);
     pr.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), -step_size);
@@ -111,7 +117,9 @@ void AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
     } else {
       for (const auto& seg : segments_)  // unsharded: the decay runs
         if (seg.decay == (decay == 1))
-          add(seg.offset, seg.numel, seg.state_offset, flat_.grads().narrow(0, seg.offset, seg.numel));
+          add(seg.offset, seg.numel, seg.state_offset,
+              flat_.path().pieces ? flat_.grad_pieces().narrow(0, seg.state_offset, seg.numel)
+                                  : flat_.grads().narrow(0, seg.offset, seg.numel));
     }
     if (!ps.empty())
       compat::fused_adamw(ps, gs, ms, vs, ts, lr, cfg_.beta1, cfg_.beta2, decay ? cfg_.weight_decay : 0.0, cfg_.eps,

@@ -57,7 +57,8 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
   }
   auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
   params_ = torch::empty({total}, opts.requires_grad(false));
-  if (!path_.free_grads) grads_ = torch::zeros({total}, opts.requires_grad(false));
+  const bool per_param = path_.free_grads || path_.pieces;
+  if (!per_param) grads_ = torch::zeros({total}, opts.requires_grad(false));
   torch::NoGradGuard ng;
   for (size_t i = 0; i < order.size(); ++i) {
     auto& t = order[i];
@@ -65,7 +66,7 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
     auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
     pv.copy_(t);
     t.set_data(pv);
-    if (path_.free_grads) t.mutable_grad().reset();
+    if (per_param) t.mutable_grad().reset();
     else t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
     tensors_.push_back(t);
   }
@@ -73,7 +74,16 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
 
 torch::Tensor& FlatParams::grads() {
   TORCH_CHECK(!path_.free_grads, "FlatParams::grads(): gradients are per parameter (optim.free_grads)");
+  TORCH_CHECK(!path_.pieces, "FlatParams::grads(): the parallelism keeps the gradients of its pieces only");
   return grads_;
+}
+
+void FlatParams::keep_grad_pieces(std::vector<FlatRange> ranges) {
+  TORCH_CHECK(path_.pieces, "FlatParams::keep_grad_pieces: needs GradPath::pieces");
+  int64_t n = 0;
+  for (const auto& r : ranges) n += r.numel;
+  piece_ranges_ = std::move(ranges);
+  pieces_ = torch::zeros({n}, params_.options());
 }
 
 std::vector<torch::Tensor> FlatParams::grad_list() {
@@ -88,7 +98,7 @@ std::vector<torch::Tensor> FlatParams::grad_list() {
 
 void FlatParams::zero_grad() {
   grad_scale_ = torch::Tensor();
-  if (!path_.free_grads) {
+  if (!path_.free_grads && !path_.pieces) {
     grads_.zero_();
     return;
   }
@@ -96,7 +106,8 @@ void FlatParams::zero_grad() {
 }
 
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm) {
-  const bool free = flat.path().free_grads;
+  const bool free = flat.path().free_grads, pieces = flat.path().pieces;
+  TORCH_CHECK(!pieces || norm.defined(), "clip_grad_norm: gradients in pieces need the parallelism's norm");
   const auto grads = free ? flat.grad_list() : std::vector<torch::Tensor>();
   if (!norm.defined()) norm = free ? compat::global_norm(grads) : flat.grads().norm();
   if (max_norm > 0 && flat.path().clip_in_step) {
@@ -104,6 +115,7 @@ torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor no
   } else if (max_norm > 0) {
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     if (free) compat::foreach_mul_(grads, coef);
+    else if (pieces) flat.grad_pieces().mul_(coef);
     else flat.grads().mul_(coef);
   }
   return norm;

@@ -25,6 +25,11 @@ struct GradPath {
   // The clip coefficient is handed to the fused AdamW as its grad_scale (FlatParams::grad_scale)
   // instead of a pass over the gradients.
   bool clip_in_step = false;
+  // The parallelism keeps the summed gradients of the ranges it names only, packed one after another
+  // (keep_grad_pieces, grad_pieces()): no flat gradient buffer; backward's per-parameter .grad
+  // tensors are handed to the parallelism's reductions and freed by it bucket by bucket (and by
+  // zero_grad). Set from the parallelism's table (trainer/parallel/parallel.h grads_in_pieces).
+  bool pieces = false;
 };
 
 // Whether AdamW steps through at::_fused_adamw_ (optim.fused) for parameters on CUDA or the CPU.
@@ -57,8 +62,15 @@ class FlatParams {
   const GradPath& path() const { return path_; }
   torch::Tensor& params() { return params_; }  // (numel,)
   const torch::Tensor& params() const { return params_; }
-  // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads.
+  // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads and !path().pieces.
   torch::Tensor& grads();
+  // path().pieces: the summed gradients of `ranges` (ascending, disjoint), packed one after another
+  // (allocated here, zeroed); grad_pieces() holds them once the parallelism wrote them.
+  void keep_grad_pieces(std::vector<FlatRange> ranges);
+  torch::Tensor& grad_pieces() { return pieces_; }
+  const std::vector<FlatRange>& grad_piece_ranges() const { return piece_ranges_; }
+  // The parameters' tensors in entries() order (their .grad per parameter with path().pieces).
+  std::vector<torch::Tensor>& tensors() { return tensors_; }
   // Every parameter's .grad in entries() order (views of grads(), or the free tensors); a free
   // gradient that backward did not produce is set to zeros first (what the flat buffer holds).
   std::vector<torch::Tensor> grad_list();
@@ -76,7 +88,8 @@ class FlatParams {
 
  private:
   GradPath path_;
-  torch::Tensor params_, grads_, grad_scale_;
+  torch::Tensor params_, grads_, grad_scale_, pieces_;
+  std::vector<FlatRange> piece_ranges_;
   std::vector<torch::Tensor> tensors_;  // the parameters, in entries() order
   std::vector<Entry> entries_, runs_;
 };
@@ -85,7 +98,8 @@ class FlatParams {
 // max_norm / (norm + 1e-6) where that is below 1, in place, or with path().clip_in_step, by setting
 // flat.grad_scale() to its inverse for the fused AdamW. Returns the norm before clipping as a 0-dim
 // tensor (no host sync). norm: the norm already taken elsewhere (the parallelism's, e.g. from the owned pieces
-// of the gradients), or undefined: taken here.
+// of the gradients), or undefined: taken here (REQUIRES: defined with path().pieces; the pieces are
+// what is scaled then).
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm = {});
 
 }  // namespace lm

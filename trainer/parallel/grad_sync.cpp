@@ -75,7 +75,8 @@ void GradSync::launch_ready_in_order() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     const size_t i = next_launch_++;
     auto& b = buckets_[i];
-    b.work = reduce_(i, flat_.grads().narrow(0, b.offset, b.numel));
+    // Gradients in pieces (GradPath::pieces): no flat buffer, the strategy's reduction gathers them.
+    b.work = reduce_(i, flat_.path().pieces ? torch::Tensor() : flat_.grads().narrow(0, b.offset, b.numel));
   }
 }
 

@@ -27,8 +27,10 @@ std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb);
 // strictly in bucket order (the same on every rank).
 class GradSync {
  public:
-  // What a full bucket's reduction is: bucket i's gradients in, the collectives launched out
-  // (default: one all-reduce of the sums). `what` names them in errors ("all-reduce").
+  // What a full bucket's reduction is: bucket i's gradients in (its range of the flat gradient
+  // buffer; undefined where the gradients are per parameter, GradPath::pieces), the collectives
+  // launched out, waited for by finish() (default: one all-reduce of the sums). `what` names them in
+  // errors ("all-reduce").
   using Reduce = std::function<std::vector<std::shared_ptr<Comm::Pending>>(size_t bucket, torch::Tensor grads)>;
   GradSync(Comm& comm, FlatParams& flat, torch::nn::Module& model, std::vector<FlatRange> buckets, Reduce reduce = nullptr,
            std::string what = "all-reduce");

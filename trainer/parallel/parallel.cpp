@@ -1,12 +1,14 @@
 // The parallelism strategies by config (see parallel.h): the one table a new strategy is added to.
 #include "trainer/parallel/parallel.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/zero1.h"
+#include "trainer/parallel/zero2.h"
 #include "trainer/parallel/zero3.h"
 
 namespace lm {
@@ -16,11 +18,23 @@ struct Strategy {
   const char* name;
   // Whether it runs for this config and group (has_group: a process group exists).
   std::function<bool(const DistConfig&, int world, bool has_group)> applies;
-  std::function<RankBytes(double n, double optimizer_per_param, int world)> bytes;
+  std::function<RankBytes(const DistConfig&, double n, double optimizer_per_param, int world, int64_t accum)> bytes;
   std::function<std::unique_ptr<Parallelism>(const ParallelInit&)> make;
+  bool grad_pieces = false;  // the gradients kept as this rank's pieces (GradPath::pieces)
 };
 
-RankBytes replicated(double n, double opt, int) { return {4 * n, 4 * n, opt * n}; }
+RankBytes replicated(const DistConfig&, double n, double opt, int world, int64_t) {
+  return {4 * n, 4 * n, opt * n, world > 1 ? strf("dist.zero=0 at %d ranks (every rank keeps all weights, gradients and optimizer state)", world)
+                                           : std::string("one process")};
+}
+
+// ZeRO-2's gradients: its pieces (4N/world), the bucket buffers in flight (Zero2::kInFlight) and
+// the gradients backward made but not yet handed to a bucket (about one more bucket), or with
+// gradient accumulation the micro-batches' local sums (4N) between the micro-batches.
+double zero2_grads(const DistConfig& d, double n, int world, int64_t accum) {
+  const double bucket = std::min(4 * n, d.bucket_mb * 1e6);
+  return 4 * n / world + (accum > 1 ? 4 * n : std::min(4 * n, (Zero2::kInFlight + 1) * bucket));
+}
 
 // In order: the first that applies runs.
 const std::vector<Strategy>& strategies() {
@@ -28,10 +42,24 @@ const std::vector<Strategy>& strategies() {
       {"single", [](const DistConfig&, int, bool group) { return !group; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<SingleProcess>(in); }},
       {"zero1", [](const DistConfig& d, int world, bool) { return d.zero == 1 && world > 1; },
-       [](double n, double opt, int world) { return RankBytes{4 * n, 4 * n, opt * n / world}; },
+       [](const DistConfig&, double n, double opt, int world, int64_t) {
+         return RankBytes{4 * n, 4 * n, opt * n / world,
+                          strf("dist.zero=1 at %d ranks (optimizer state 1/%d per rank, all weights and gradients)", world, world)};
+       },
        [](const ParallelInit& in) { return std::make_unique<Zero1>(in); }},
+      {"zero2", [](const DistConfig& d, int world, bool) { return d.zero == 2 && world > 1; },
+       [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
+         return RankBytes{4 * n, zero2_grads(d, n, world, accum), opt * n / world,
+                          strf("dist.zero=2 at %d ranks (gradients and optimizer state 1/%d per rank%s, all weights)", world,
+                               world, accum > 1 ? ", all gradients between micro-batches (train.grad_accum > 1)" : "")};
+       },
+       [](const ParallelInit& in) { return std::make_unique<Zero2>(in); }, /*grad_pieces=*/true},
       {"zero3", [](const DistConfig& d, int world, bool) { return d.zero == 3 && world > 1; },
-       [](double n, double opt, int world) { return RankBytes{4 * n / world, 4 * n, opt * n / world}; },
+       [](const DistConfig&, double n, double opt, int world, int64_t) {
+         return RankBytes{4 * n / world, 4 * n, opt * n / world,
+                          strf("dist.zero=3 at %d ranks (weights and optimizer state 1/%d per rank between steps, all "
+                               "gradients)", world, world)};
+       },
        [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }},
       {"data_parallel", [](const DistConfig&, int, bool) { return true; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<DataParallel>(in); }},
@@ -51,10 +79,14 @@ std::unique_ptr<Parallelism> make_parallelism(const ParallelInit& init) {
   return pick(init.dist, init.world, init.comm != nullptr).make(init);
 }
 
-RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimizer_per_param) {
+RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimizer_per_param, int64_t grad_accum) {
   // Before the group exists: a group runs at world size > 1 (or a named backend, whose bytes are a
   // single process's all the same).
-  return pick(dist, world, world > 1).bytes(n, optimizer_per_param, world);
+  return pick(dist, world, world > 1).bytes(dist, n, optimizer_per_param, world, grad_accum);
+}
+
+bool grads_in_pieces(const DistConfig& dist, int world, bool has_group) {
+  return pick(dist, world, has_group).grad_pieces;
 }
 
 }  // namespace lm

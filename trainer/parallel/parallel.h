@@ -74,11 +74,20 @@ struct ParallelInit {
 // The strategy the config picks for this group (dist.zero; world size 1 without a group: none).
 std::unique_ptr<Parallelism> make_parallelism(const ParallelInit& init);
 
-// Bytes one rank keeps for the model's n parameters, before anything is built.
+// Bytes one rank keeps for the model's n parameters, before anything is built. grads: what the
+// rank keeps of the summed gradients, and while the backward runs (buckets in flight; with
+// gradient accumulation, the micro-batches' local sums before the last). stage: the strategy in
+// words, for the memory check's refusal ("dist.zero=2 at 4 ranks: ...").
 struct RankBytes {
   double weights = 0, grads = 0, optimizer = 0;
+  std::string stage;
 };
-// optimizer_per_param: the optimizer's state bytes per parameter (optimizer_kinds()).
-RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimizer_per_param);
+// optimizer_per_param: the optimizer's state bytes per parameter (optimizer_kinds()); grad_accum:
+// micro-batches per step (train.grad_accum).
+RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimizer_per_param, int64_t grad_accum = 1);
+
+// Whether the strategy for this config and group keeps the gradients of its pieces only (no flat
+// gradient buffer: GradPath::pieces, trainer/optim/flat_params.h), asked before FlatParams is built.
+bool grads_in_pieces(const DistConfig& dist, int world, bool has_group);
 
 }  // namespace lm

@@ -60,7 +60,7 @@ class Zero1 : public DataParallel {
   GradSync::Reduce reduce() override;
   std::string reduce_name() const override { return reduce_scatter_ ? "reduce-scatter" : "all-reduce"; }
 
- private:
+ protected:
   ZeroLayout layout_;
   std::vector<FlatRange> owned_;  // layout_.owned()
   bool nccl_;

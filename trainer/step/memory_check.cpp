@@ -17,7 +17,8 @@ MemoryEstimate estimate_memory(const ExperimentConfig& cfg, int64_t vocab, bool 
   const double n = static_cast<double>(param_count(m, vocab));  // what the module builds, per architecture
   MemoryEstimate e;
   // What a rank keeps of the weights, gradients and optimizer state: the parallelism's answer.
-  const RankBytes kept = rank_bytes(cfg.dist, world_size, n, optimizer_state_bytes_per_param(cfg.optim));
+  const RankBytes kept = rank_bytes(cfg.dist, world_size, n, optimizer_state_bytes_per_param(cfg.optim), cfg.train.grad_accum);
+  e.stage = kept.stage;
   e.params = kept.weights;
   e.optimizer = kept.grads + kept.optimizer + (cfg.train.ema_decay > 0 ? 4 * n : 0);
   const double value_bytes = cfg.train.bf16() ? 2 : 4;
@@ -47,11 +48,12 @@ void check_memory_fits(const ExperimentConfig& cfg, int64_t vocab, const torch::
                               : " (every layer's; train.activation_checkpointing=block keeps one input per layer)";
   throw ConfigError(strf("the config needs an estimated %.1f GB (parameters %.1f GB, gradients and optimizer state "
                          "%.1f GB, activations %.1f GB%s at train.micro_batch_size=%lld, model.seq_len=%lld, async "
-                         "checkpoint staging %.1f GB) but %s has %.1f GB available; shrink model.d_model / "
-                         "model.n_layer / model.seq_len / train.micro_batch_size, or set run.skip_memory_check=true",
+                         "checkpoint staging %.1f GB; per rank under %s) but %s has %.1f GB available; shrink "
+                         "model.d_model / model.n_layer / model.seq_len / train.micro_batch_size, or set "
+                         "run.skip_memory_check=true",
                          e.total() / 1e9, e.params / 1e9, e.optimizer / 1e9, e.activations / 1e9, kept.c_str(),
                          static_cast<long long>(cfg.train.micro_batch_size), static_cast<long long>(cfg.model.seq_len),
-                         e.staging / 1e9, device.str().c_str(), avail / 1e9));
+                         e.staging / 1e9, e.stage.c_str(), device.str().c_str(), avail / 1e9));
 }
 
 }  // namespace lm

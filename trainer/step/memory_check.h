@@ -16,6 +16,7 @@ struct MemoryEstimate {
   double optimizer = 0;    // bytes: gradients, AdamW moments, EMA weights
   double activations = 0;  // bytes: one micro-batch's saved activations and logits
   double staging = 0;      // bytes: checkpoint.async's host copy of the saved state (weights, moments, EMA)
+  std::string stage;       // what each rank keeps, in words (the parallelism's: rank_bytes)
   double total() const { return params + optimizer + activations + staging; }
 };
 

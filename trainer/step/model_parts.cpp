@@ -14,7 +14,8 @@ namespace lm {
 ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t data_vocab, int64_t eos_id,
                              const torch::Device& device, RngStreams& rng, Comm* comm, int rank, int world) {
   // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
-  const GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
+  GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
+  path.pieces = grads_in_pieces(cfg.dist, world, comm != nullptr);  // the parallelism keeps its pieces only
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
   ModelParts m;
   rng.seed_shared(seed);  // identical init on every rank

@@ -1,0 +1,89 @@
+// ZeRO-2 (dist.zero: 2): ZeRO-1 (zero1.h) whose ranks also keep the summed gradients of their own
+// pieces only (4N/world bytes instead of 4N). There is no flat gradient buffer (GradPath::pieces,
+// trainer/optim/flat_params.h): backward leaves each parameter's gradient in its own .grad; when a
+// bucket's last gradient arrives (the autograd hooks of grad_sync.h) its parameters' gradients are
+// added into a fresh bucket-sized buffer (0 + g: the bits of plain data parallelism's zeroed flat
+// buffer), their .grad freed, and the bucket's reduction launched: NCCL reduce-scatters it (the
+// piece lands in this rank's packed gradient buffer); Gloo, which has no reduce-scatter, all-reduces
+// it (every rank gets the sums, the same bits as plain data parallelism; LM_ZERO_REDUCE_SCATTER=1
+// takes the reduce-scatter path there too). When it completes the rank copies its piece into its
+// packed buffer and the bucket buffer is freed: at most kInFlight buckets exist at once (the next
+// bucket's launch first completes the oldest), so a rank never holds the whole model's gradients
+// at the end of a step's last backward.
+//
+// Gradient accumulation: the micro-batches before the step's last one accumulate locally in the
+// per-parameter .grad tensors (as plain data parallelism does without communicating), so between
+// them a rank holds every gradient (4N) like ZeRO-1; only the last backward reduces and frees them.
+// torchtitan / FSDP2 reduce-scatter every micro-batch instead (4N/world throughout, one reduction
+// per micro-batch, and the sums added in another order than data parallelism's: not its bits);
+// Megatron's distributed optimizer keeps full gradients. grad_accum 1: never more than the buckets
+// in flight and the gradients backward has not handed over yet.
+//
+// The norm for clipping: on the all-reduce path every rank sees every bucket's sums, in flat order,
+// and streams them through NormStream, which adds the squares as LibTorch's float norm kernel
+// does (checked at start against torch::norm; the same bits as plain data parallelism's
+// flat.grads().norm()). Where the check fails, and on the reduce-scatter path, the norm is taken
+// from the pieces (their sums of squares all-reduced): the same number within float rounding.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/parallel/zero1.h"
+
+namespace lm {
+
+// torch's float32 L2 norm of one contiguous vector of `n` values, fed in order, a range at a time:
+// `lanes` accumulators each adding x*x (fused multiply-add or not) for the values below the last
+// multiple of `lanes`, the lanes summed left to right, then the rest added one by one, the square
+// root (ATen's norm kernel over the last dimension, vectorized: 8 lanes with AVX2, 16 with AVX-512).
+class NormStream {
+ public:
+  NormStream(int lanes, bool fused) : lanes_(lanes), fused_(fused) {}
+  void reset(int64_t n);
+  void add(const float* x, int64_t k);
+  float result() const;
+  int lanes() const { return lanes_; }
+  bool fused() const { return fused_; }
+  // The variant that gives LibTorch's own norm's bits on this machine (checked on vectors of
+  // several lengths, `also` among them when > 0), or nullptr where none does.
+  static std::unique_ptr<NormStream> matching_torch(int64_t also);
+
+ private:
+  int lanes_;
+  bool fused_;
+  int64_t n_ = 0, main_ = 0, at_ = 0;
+  std::vector<float> acc_, tail_;
+};
+
+class Zero2 : public Zero1 {
+ public:
+  static constexpr size_t kInFlight = 2;  // bucket buffers alive at once
+  explicit Zero2(const ParallelInit& init);
+  void before_backward(bool last) override;
+  void after_backward(int64_t step) override;
+  torch::Tensor grad_norm(int64_t step) override;
+  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+
+ protected:
+  GradSync::Reduce reduce() override;
+
+ private:
+  struct InFlight {
+    size_t bucket;
+    torch::Tensor sums;  // the bucket's buffer
+    std::vector<std::shared_ptr<Comm::Pending>> work;
+  };
+  void complete_oldest();
+
+  std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
+  std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()
+  std::deque<InFlight> in_flight_;
+  std::unique_ptr<NormStream> norm_;  // the all-reduce path's norm, when it matches LibTorch's
+};
+
+}  // namespace lm
