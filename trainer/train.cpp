@@ -92,7 +92,7 @@ class Trainer {
                                            std::max(1, world_ / std::max(1, launch_.local_world_size)));
     resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
     if (!resume_.dir.empty())
-      check_compatible(resume_, arch_json(cfg.model, vocab_), data_.resume_version(), cfg.checkpoint.force);
+      check_compatible(resume_, arch_json(cfg.model, vocab_), data_.resume_version, cfg.checkpoint.force);
     build_model();
     register_state();
     ResumeFacts resumed;
@@ -120,7 +120,7 @@ class Trainer {
         world_, vocab_});
     update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, *m_.parallel);
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
-    telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_, describe_mixture(cfg_.data, data_),
+    telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_,
                                gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token,
                                schedule_.record()}, resumed);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);

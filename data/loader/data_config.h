@@ -59,7 +59,8 @@ struct DataConfig {
   std::vector<StageConfig> stages;
   // The sources are data.train's one dataset: planned as one stream exactly as before mixtures
   // existed (loader.h: seeded by run.seed alone, bucketed across batches, no mixture state), and
-  // printed back as data.train. Set only by resolve_train_form().
+  // printed back as data.train. Set only by resolve_train_form(); below the config only data_form()
+  // (data/loader/form.h) reads it.
   bool train_form = false;
   std::string val;
 

@@ -2,12 +2,14 @@
 // composed. ShardSet (shards.h) checks and holds the split's shards (one set per source), Planner
 // (plan.h) plans the sample stream and each batch's rows (MixPlanner, mix.h, blends a mixture's
 // sources), Workers (workers.h) build batches ahead on threads, and state.h fingerprints the sample
-// order for resuming. Also the sources' opening and the mixture's version id.
+// order for resuming; which planner runs, and the run's data facts, are the data form's (form.h).
+// Also the sources' opening.
 #include "data/loader/loader.h"
 
 #include <algorithm>
 #include <functional>
 
+#include "data/loader/form.h"
 #include "data/loader/mix.h"
 #include "data/loader/plan.h"
 #include "data/loader/shards.h"
@@ -42,12 +44,9 @@ const DataConfig& checked(const DataConfig& c, int64_t seq_len, int64_t micro_ba
 struct Loader::Impl {
   // Built in this order; each may throw (loader.h, the constructors' contract).
   std::vector<std::unique_ptr<ShardSet>> sets;
-  std::unique_ptr<BatchPlanner> planner;
+  PlannedStream stream;  // the data form's planner, fingerprint and answers (form.h)
   std::unique_ptr<Workers> workers;
-  Fingerprint fingerprint;
-  uint64_t samples_per_epoch = 0;
   bool bucketed = false;
-  std::function<std::unique_ptr<MixPlanner>()> counting_mix;  // a mixture: a quiet planner of its own (batches_left)
 
   // The units the manifest tells (a remote dataset's shards are then not fetched at start): packed,
   // tokens + docs; bucketed, one sample per document (prep writes no empty document; checked when
@@ -71,9 +70,9 @@ struct Loader::Impl {
   void start_workers(const DataConfig& c, int64_t seq_len, const Manifest& m) {
     std::vector<const ShardSet*> v;
     for (auto& s : sets) v.push_back(s.get());
-    workers = std::make_unique<Workers>(c, v, *planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id,
+    workers = std::make_unique<Workers>(c, v, *stream.planner, seq_len, m.tokenizer.eos_id, m.tokenizer.pad_id,
                                         static_cast<uint32_t>(m.tokenizer.vocab_size));
-    workers->start(0, 0, planner->mix_state());
+    workers->start(0, 0, stream.planner->mix_state());
   }
 };
 
@@ -86,28 +85,10 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
   for (const auto& m : sources) impl_->open(c, m, split, seq_len);
   const Manifest& first = sources[0];
   impl_->bucketed = c.bucketed();
-  uint64_t block = static_cast<uint64_t>(c.shuffle_buffer);
-  if (c.train_form) {  // data.train: one stream, seeded by the run's seed (loader.h)
-    auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
-    impl_->samples_per_epoch = p->samples_per_epoch();
-    impl_->fingerprint = make_fingerprint(c, first.data_version, split, seq_len, seed, p->shuffle_block());
-    block = p->shuffle_block();
-    impl_->planner = std::move(p);
-  } else {
-    std::vector<MixSource> mix;
-    for (size_t i = 0; i < sources.size(); ++i) mix.push_back({impl_->sets[i].get(), sources[i].data_version});
-    auto p = std::make_unique<MixPlanner>(c, mix, first.tokenizer.hash, seq_len, micro_batch, rank, world_size, seed,
-                                          micro_per_step);
-    impl_->counting_mix = [=, hash = first.tokenizer.hash] {
-      auto q = std::make_unique<MixPlanner>(c, mix, hash, seq_len, micro_batch, rank, world_size, seed, micro_per_step);
-      q->set_quiet();
-      return q;
-    };
-    impl_->samples_per_epoch = p->samples_per_epoch(0);
-    impl_->fingerprint = make_fingerprint(c, "mixture", split, seq_len, seed, block);
-    impl_->planner = std::move(p);
-  }
-  impl_->plan_ahead(c, seq_len, block);
+  std::vector<const ShardSet*> sets;
+  for (const auto& s : impl_->sets) sets.push_back(s.get());
+  impl_->stream = data_form(c).plan(c, sets, sources, {split, seq_len, micro_batch, rank, world_size, seed, micro_per_step});
+  impl_->plan_ahead(c, seq_len, impl_->stream.shuffle_block);
   impl_->start_workers(c, seq_len, first);
 }
 
@@ -119,24 +100,24 @@ Batch Loader::next() { return impl_->workers->next(); }
 
 double Loader::last_wait_ms() const { return impl_->workers->last_wait_ms(); }
 
-int64_t Loader::samples_per_epoch() const { return static_cast<int64_t>(impl_->samples_per_epoch); }
+int64_t Loader::samples_per_epoch() const { return static_cast<int64_t>(impl_->stream.samples_per_epoch); }
 
 LoaderState Loader::state() const {
   LoaderState s;
   s.version = kLoaderStateVersion;
   auto r = impl_->workers->returned();
   s.batches = r.batches, s.cursor = r.cursor, s.mix = r.mix ? r.mix->to_json() : "";
-  s.fingerprint = impl_->fingerprint;
-  impl_->planner->save(s);
+  s.fingerprint = impl_->stream.fingerprint;
+  impl_->stream.planner->save(s);
   return s;
 }
 
 uint64_t Loader::batches_left(uint64_t limit, bool force) const {
-  if (!impl_->counting_mix) return limit;  // one stream: epochs without end
+  if (!impl_->stream.counter) return limit;  // data without end (one stream)
   // Bucketed samples' lengths come from the shards: not fetched (remote) or tokenized (raw text) for a count.
   for (const auto& s : impl_->sets)
     if (s->remote() && impl_->bucketed) return limit;
-  auto p = impl_->counting_mix();
+  auto p = impl_->stream.counter();
   const LoaderState s = state();
   if (s.batches > 0) p->restart(s, force);  // a resumed position
   return p->batches_left(limit, kCountSamples);
@@ -149,16 +130,17 @@ void Loader::load_state(const LoaderState& s, bool force) {
     auto it = std::find_if(f.begin(), f.end(), [](const auto& kv) { return kv.first == "data_version"; });
     return it == f.end() ? std::string() : it->second;
   };
-  const std::string ours = version(impl_->fingerprint), theirs = version(s.fingerprint);
-  // One stream over other data (checkpoint.force): it starts afresh; a mixture forces per source (mix.h).
-  if (force && ours != "mixture" && !theirs.empty() && theirs != ours) {
+  const PlannedStream& ours = impl_->stream;
+  const std::string theirs = version(s.fingerprint);
+  // Other data (checkpoint.force): one stream starts afresh; a mixture forces per source (mix.h).
+  if (force && ours.fresh_on_other_data && !theirs.empty() && theirs != version(ours.fingerprint)) {
     log::warn("other data than the checkpoint's (checkpoint.force): the data order starts from the beginning");
     return;
   }
-  check_resumable(s, impl_->fingerprint);
+  check_resumable(s, ours.fingerprint);
   impl_->workers->stop();
-  impl_->planner->restart(s, force);
-  impl_->workers->start(s.batches, s.cursor, impl_->planner->mix_state());
+  ours.planner->restart(s, force);
+  impl_->workers->start(s.batches, s.cursor, ours.planner->mix_state());
 }
 
 // ---- sources -----------------------------------------------------------------------------------
@@ -180,11 +162,11 @@ Manifest open_source(const DataConfig& cfg, const std::string& path, const std::
 
 TrainData open_train_data(const DataConfig& cfg) {
   if (cfg.sources.empty()) throw ConfigError("key 'data.train': not set (nor data.sources)");
+  const DataForm& form = data_form(cfg);
   TrainData d;
-  d.one_stream = cfg.train_form;
-  for (const auto& s : cfg.sources) {
-    d.sources.push_back(open_source(cfg, s.path, s.text, s.text_field,
-                                    cfg.train_form ? "data.train" : "data.sources." + s.name + ".path"));
+  for (size_t i = 0; i < cfg.sources.size(); ++i) {
+    const SourceConfig& s = cfg.sources[i];
+    d.sources.push_back(open_source(cfg, s.path, s.text, s.text_field, form.source_key(cfg, i)));
     d.names.push_back(s.name);
     const auto& a = d.sources.front().tokenizer;
     const auto& b = d.sources.back().tokenizer;
@@ -193,20 +175,7 @@ TrainData open_train_data(const DataConfig& cfg) {
                            "must share one tokenizer", cfg.sources[0].name.c_str(), cfg.sources[0].path.c_str(),
                            a.kind.c_str(), a.hash.c_str(), s.name.c_str(), s.path.c_str(), b.kind.c_str(), b.hash.c_str()));
   }
-  if (cfg.train_form) {
-    d.version = d.sources[0].data_version;
-    return d;
-  }
-  std::string text;
-  for (size_t i = 0; i < cfg.sources.size(); ++i)
-    text += strf("source %s %s %.17g %lld\n", cfg.sources[i].name.c_str(), d.sources[i].data_version.c_str(),
-                 cfg.sources[i].weight, static_cast<long long>(cfg.sources[i].max_epochs));
-  for (const auto& st : cfg.stages) {
-    text += strf("stage %lld %lld", static_cast<long long>(st.until_step), static_cast<long long>(st.until_tokens));
-    for (const auto& [name, w] : st.weights) text += strf(" %s %.17g", name.c_str(), w);
-    text += "\n";
-  }
-  d.version = hex64(xxh64(text.data(), text.size()));
+  form.describe(cfg, d);
   return d;
 }
 

@@ -136,8 +136,8 @@ struct LoaderState {
 class Loader {
  public:
   // The loader of cfg's training data: sources[i] is the dataset of cfg.sources[i] (TrainData::
-  // sources). data.train's form (cfg.train_form) is planned as one stream; data.sources as a
-  // mixture, micro_per_step being train.grad_accum (stages are given in optimizer steps).
+  // sources). The data's form (form.h: data.train's one stream or a mixture) picks the planner;
+  // micro_per_step is train.grad_accum (a mixture's stages are given in optimizer steps).
   // Validates the split (every shard's header and sizes against the manifest, checksums when
   // verify=full) and throws DataError naming the file on any problem, before starting workers.
   // Bad option values throw ConfigError naming the data.* key (validate(), data_config.h).
@@ -179,17 +179,20 @@ class Loader {
 // A config's training data, opened: for every data form (prepared or raw text, local or remote,
 // data.train or a mixture) THE answer to which tokenizer, vocabulary, data version and validation
 // split a run has.
+// Its form (data.train or a mixture, form.h) is settled when it is opened: the facts below are
+// answers, and nothing that reads them asks which form runs.
 struct TrainData {
   std::vector<Manifest> sources;   // cfg.sources' datasets, in order (data.train: the one "train")
   std::vector<std::string> names;  // cfg.sources' names
   std::string version;             // the run's data version id: one stream's data_version; a mixture,
                                    // the xxh64 hex over every source's name, data_version, weight and
                                    // max_epochs and every stage
-  bool one_stream = false;         // cfg.train_form (data.train)
-
   // What a resume compares with the checkpoint's data version: one stream's version; "" for a
   // mixture, whose sources the loader state checks one by one (weights and stages may change).
-  std::string resume_version() const { return one_stream ? version : ""; }
+  std::string resume_version;
+  // meta.json's data.mixture: the sources (name, path, data_version, weight, max_epochs, train
+  // tokens), the stages and the version; null for data.train.
+  nlohmann::json mixture;
 
   const TokenizerInfo& tokenizer() const { return sources.at(0).tokenizer; }
   int64_t vocab_size() const { return static_cast<int64_t>(tokenizer().vocab_size); }

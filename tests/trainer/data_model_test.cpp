@@ -78,6 +78,23 @@ TEST_P(OldRuns, SameBatchesFreshAndResumed) {
     EXPECT_EQ(fresh.at(step).batch_hash, rec.batch_hash) << name << " step " << step;
     EXPECT_NEAR(fresh.at(step).loss, rec.loss, 1e-4 * std::abs(rec.loss)) << name << " step " << step;
   }
+  // The data facts of each form (data/loader/form.h) are the old trainer's: the run's data version
+  // (the checkpoint's and meta.json's; a mixture's hashes its sources and stages, no paths), the
+  // loader state's fingerprint, and a mixture record in meta.json only for a mixture.
+  // Checked to fail with the mixture's version hashed without its stages, and with the one
+  // stream's fingerprint taking data.shuffle_buffer instead of the planner's shuffle block.
+  const auto json_of = [](const std::string& path) { return nlohmann::json::parse(test::read_text(path)); };
+  const std::string old_ckpt = fixture(name + "/checkpoints/step_00000006"), new_ckpt = tmp / "fresh/checkpoints/step_00000006";
+  const auto old_version = json_of(old_ckpt + "/state.json").at("run").at("data_version");
+  EXPECT_EQ(json_of(new_ckpt + "/state.json").at("run").at("data_version"), old_version) << name;
+  EXPECT_EQ(json_of(new_ckpt + "/rank_0.json").at("components").at("loader").at("fingerprint"),
+            json_of(old_ckpt + "/rank_0.json").at("components").at("loader").at("fingerprint")) << name;
+  const auto meta = json_of(tmp / "fresh/meta.json");
+  EXPECT_EQ(meta.at("data").at("data_version"), old_version) << name;
+  EXPECT_EQ(meta.at("data").at("mixture").is_null(), name != "mixture") << meta.dump();
+  if (name == "mixture") {
+    EXPECT_EQ(meta.at("data").at("mixture").at("data_version"), old_version) << meta.dump();
+  }
 
   // The old run directory, its newest checkpoint at step 6, resumed by today's trainer.
   fs::copy(fixture(name), tmp / "old", fs::copy_options::recursive);

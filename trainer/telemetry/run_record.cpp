@@ -123,23 +123,6 @@ void RunRecord::finish(const std::string& status, int exit_code, const std::stri
   write();
 }
 
-nlohmann::json describe_mixture(const DataConfig& c, const data::TrainData& data) {
-  if (data.one_stream) return nullptr;
-  const auto& sources = data.sources;
-  nlohmann::json src = nlohmann::json::array(), stages = nlohmann::json::array();
-  for (size_t i = 0; i < c.sources.size(); ++i)
-    src.push_back({{"name", c.sources[i].name}, {"path", c.sources[i].path}, {"data_version", sources.at(i).data_version},
-                   {"weight", c.sources[i].weight}, {"max_epochs", c.sources[i].max_epochs},
-                   {"train_tokens", sources.at(i).split_tokens("train")}});
-  for (const auto& st : c.stages) {
-    nlohmann::json w = nlohmann::json::object();
-    for (const auto& [name, v] : st.weights) w[name] = v;
-    stages.push_back({{"until", st.until_step}, {"until_tokens", st.until_tokens}, {"weights", w}});
-    if (st.anneal) stages.back()["anneal"] = true;
-  }
-  return {{"sources", src}, {"stages", stages}, {"data_version", data.version}};
-}
-
 nlohmann::json describe_run(const RunFacts& f) {
   nlohmann::json gpu = nullptr;
   if (!f.gpu.model.empty())
@@ -157,7 +140,7 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"config", f.config},
           {"data", {{"dir", m.dir},
                     {"data_version", f.data.version},
-                    {"mixture", f.mixture},
+                    {"mixture", f.data.mixture},
                     {"tokenizer", {{"kind", m.tokenizer.kind}, {"vocab_size", m.tokenizer.vocab_size},
                                    {"hash", m.tokenizer.hash}}},
                     {"train_tokens", m.split_tokens("train")},

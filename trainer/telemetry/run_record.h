@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "data/loader/data_config.h"
 #include "data/loader/loader.h"
 #include "trainer/runtime/device.h"
 
@@ -18,8 +17,7 @@ namespace lm {
 struct RunFacts {
   std::string command;
   nlohmann::json config;     // the resolved config as JSON
-  data::TrainData data;      // the training data
-  nlohmann::json mixture;    // describe_mixture(); null for data.train
+  data::TrainData data;      // the training data (its mixture: null for data.train)
   GpuInfo gpu;               // empty model on CPU
   int world_size = 1;
   std::string launch;        // torchrun | slurm | single
@@ -29,9 +27,6 @@ struct RunFacts {
 };
 // meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model, schedule.
 nlohmann::json describe_run(const RunFacts& f);
-// A mixture for meta.json: its sources (name, path, data_version, weight, max_epochs, train tokens)
-// and stages; null for the one-source data.train.
-nlohmann::json describe_mixture(const DataConfig& c, const data::TrainData& data);
 // nvidia-smi's view of the GPUs into RUN_DIR/logs/nvidia-smi_<when>.rank<r>.txt (call on CUDA only).
 void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank);
 
