@@ -166,7 +166,8 @@ class Trainer {
     vocab_ = padded_vocab(cfg_.model, data_.vocab_size());
     loader_ = std::make_unique<data::Loader>(cfg_.data, data_.sources, "train", cfg_.model.seq_len,
                                              cfg_.train.micro_batch_size, rank_, world_,
-                                             static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
+                                             static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum,
+                                             /*step_blocks=*/cfg_.dist.invariant);
     progress_.loader = loader_.get();
     eval_ = Evaluator::create(cfg_, data_.val_source(), device_, rank_, world_);
     if (!cfg_.eval.tasks.empty())  // a bad task file is refused here, before anything is written
@@ -214,6 +215,7 @@ class Trainer {
     state_.add(k::kLoader, S::kPerRank, loader_position_);
     state_.add(k::kSourceTokens, S::kReplicated, *source_tokens_, /*optional=*/true);
     state_.add(k::kRng, S::kOwnRank, rng_);
+    if (Stateful* p = m_.parallel->checkpointed()) state_.add(k::kParallel, S::kReplicated, *p, /*optional=*/true);
   }
 
   ResumeFacts restore() {

@@ -78,7 +78,7 @@ struct Loader::Impl {
 };
 
 Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
-               int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step)
+               int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step, bool step_blocks)
     : impl_(std::make_unique<Impl>()) {
   const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
   if (c.sources.empty() || sources.size() != c.sources.size())
@@ -87,8 +87,11 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
   const Manifest& first = sources[0];
   impl_->bucketed = c.bucketed();
   uint64_t block = static_cast<uint64_t>(c.shuffle_buffer);
+  if (step_blocks && (!c.train_form || c.bucketed()))
+    throw Error("Loader: step blocks (dist.invariant) need packed data.train");
   if (c.train_form) {  // data.train: one stream, seeded by the run's seed (loader.h)
-    auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed);
+    auto p = std::make_unique<Planner>(c, *impl_->sets[0], seq_len, micro_batch, rank, world_size, seed,
+                                       step_blocks ? std::max<int64_t>(1, micro_per_step) : 0);
     impl_->samples_per_epoch = p->samples_per_epoch();
     impl_->fingerprint = make_fingerprint(c, first.data_version, split, seq_len, seed, p->shuffle_block());
     block = p->shuffle_block();

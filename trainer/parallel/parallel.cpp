@@ -6,6 +6,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/invariant.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
@@ -24,6 +25,8 @@ RankBytes replicated(double n, double opt, int) { return {4 * n, 4 * n, opt * n}
 // In order: the first that applies runs.
 const std::vector<Strategy>& strategies() {
   static const std::vector<Strategy> table = {
+      {"invariant", [](const DistConfig& d, int, bool) { return d.invariant; }, replicated,
+       [](const ParallelInit& in) { return std::make_unique<Invariant>(in); }},
       {"single", [](const DistConfig&, int, bool group) { return !group; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<SingleProcess>(in); }},
       {"zero1", [](const DistConfig& d, int world, bool) { return d.zero == 1 && world > 1; },
@@ -42,6 +45,12 @@ const Strategy& pick(const DistConfig& dist, int world, bool has_group) {
 }
 
 }  // namespace
+
+torch::Tensor Parallelism::sum_losses(const std::vector<torch::Tensor>& losses) const {
+  torch::Tensor sum = torch::zeros({}, (losses.empty() ? torch::TensorOptions() : losses[0].options()).dtype(torch::kFloat));
+  for (const auto& l : losses) sum += l;
+  return sum;
+}
 
 std::unique_ptr<Parallelism> make_parallelism(const ParallelInit& init) {
   return pick(init.dist, init.world, init.comm != nullptr).make(init);
