@@ -28,7 +28,7 @@ work = sys.argv[1]
 rows = []
 for w in (1, 2, 4):
     plain = json.load(open(f"{work}/w{w}_false/summary.json")); inv = json.load(open(f"{work}/w{w}_true/summary.json"))
-    n = json.load(open(f"{work}/w{w}_true/meta.json")).get("params", 0)
+    n = json.load(open(f"{work}/w{w}_true/meta.json"))["model"]["params"]
     rows.append({"world": w, "tokens_per_s": round(plain["tokens_per_s"]), "tokens_per_s_invariant": round(inv["tokens_per_s"]),
                  "ratio": round(inv["tokens_per_s"] / plain["tokens_per_s"], 3),
                  "mb_received_per_step_allreduce": round(4 * n * 2 * (w - 1) / w / 1e6, 2),
