@@ -182,6 +182,23 @@ TEST_F(InvariantE2E, WorldSizes1248GiveTheSameBits) {
   EXPECT_FALSE(test::read_text(plain + "/model.safetensors") == test::read_text(inv + "/model.safetensors"));
 }
 
+// Activation checkpointing (each block run again in the backward, its dropout replayed) and the
+// z-loss at world sizes 1 and 4: the same bits.
+TEST_F(InvariantE2E, ActivationCheckpointingAndZLossKeepTheBits) {
+  TempDir root;
+  const std::vector<std::string> extra = {"train.max_steps=3", "model.dropout=0.1", "train.activation_checkpointing=block",
+                                          "optim.z_loss=1e-4"};
+  auto one = extra, four = extra;
+  one.push_back("train.grad_accum=8");
+  four.push_back("train.grad_accum=2");
+  run_ok(root / "w1", 1, one);
+  run_ok(root / "w4", 4, four);
+  ASSERT_EQ(loss_and_norm(root / "w1").size(), 3u);
+  EXPECT_EQ(loss_and_norm(root / "w1"), loss_and_norm(root / "w4"));
+  EXPECT_TRUE(test::read_text(root / "w1/model.safetensors") == test::read_text(root / "w4/model.safetensors"));
+  expect_same_state(root / "w1", root / "w4", 2, "activation checkpointing");
+}
+
 // A chain cut at 4 ranks (grad_accum 2), resumed at 2 (grad_accum 4), then at 8 (grad_accum 1),
 // equals the uncut 1-rank run (grad_accum 8) bit for bit, with dropout; a resume that would change
 // the global batch is refused in one line naming train.grad_accum and the value that keeps it.
