@@ -332,7 +332,7 @@ static void check_invariant(const ExperimentConfig& c) {
                       "data.token_budget=0");
   if (c.data.bucketed())
     throw ConfigError("key 'data.mode': dist.invariant runs packed batches only (data.mode=packed)");
-  if (!c.data.train_form)
+  if (!c.data.train_form && !c.data.sources.empty())
     throw ConfigError("key 'data.sources': dist.invariant runs one data stream (data.train) only, not a mixture");
   if (c.dist.zero != 0)
     throw ConfigError("key 'dist.zero': dist.invariant keeps the optimizer state whole on every rank; set dist.zero=0");
