@@ -173,7 +173,8 @@ class Trainer {
     vocab_ = padded_vocab(cfg_.model, data_.vocab_size());
     loader_ = std::make_unique<data::Loader>(cfg_.data, data_.sources, "train", cfg_.model.seq_len,
                                              cfg_.train.micro_batch_size, rank_, world_,
-                                             static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum);
+                                             static_cast<uint64_t>(cfg_.run.seed), cfg_.train.grad_accum,
+                                             /*step_blocks=*/cfg_.dist.invariant);
     progress_.loader = loader_.get();
     const EvalRuntime eval_rt{cfg_.model.seq_len, cfg_.train.micro_batch_size, device_, cfg_.train.bf16(), rank_, world_};
     eval_ = Evaluator::create(cfg_.eval, cfg_.data, data_.val_source(), eval_rt);
@@ -221,6 +222,7 @@ class Trainer {
     state_.add(k::kLoader, S::kPerRank, loader_position_);
     state_.add(k::kSourceTokens, S::kReplicated, *source_tokens_, /*optional=*/true);
     state_.add(k::kRng, S::kOwnRank, rng_);
+    if (Stateful* p = m_.parallel->checkpointed()) state_.add(k::kParallel, S::kReplicated, *p, /*optional=*/true);
   }
 
   ResumeFacts restore() {

@@ -21,7 +21,7 @@ class OneStream final : public DataForm {
 
   PlannedStream plan(const DataConfig& c, const std::vector<const ShardSet*>& sets, const std::vector<Manifest>& sources,
                      const StreamArgs& a) const override {
-    auto p = std::make_unique<Planner>(c, *sets.at(0), a.seq_len, a.micro_batch, a.rank, a.world, a.seed);
+    auto p = std::make_unique<Planner>(c, *sets.at(0), a.seq_len, a.micro_batch, a.rank, a.world, a.seed, a.step_block);
     PlannedStream s;
     s.samples_per_epoch = p->samples_per_epoch();
     s.shuffle_block = p->shuffle_block();
@@ -67,6 +67,7 @@ class Mixture final : public DataForm {
 
   PlannedStream plan(const DataConfig& c, const std::vector<const ShardSet*>& sets, const std::vector<Manifest>& sources,
                      const StreamArgs& a) const override {
+    if (a.step_block > 0) throw Error("Loader: step blocks (dist.invariant) need packed data.train");
     std::vector<MixSource> mix;
     for (size_t i = 0; i < sources.size(); ++i) mix.push_back({sets.at(i), sources[i].data_version});
     const std::string hash = sources.at(0).tokenizer.hash;

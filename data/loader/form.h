@@ -38,6 +38,9 @@ struct StreamArgs {
   int rank = 0, world = 1;
   uint64_t seed = 0;
   int64_t micro_per_step = 1;
+  // > 0 (dist.invariant; the Loader's step_blocks): a step's global micro-batches dealt to the ranks
+  // in contiguous blocks of this many (Planner's step_block); only data.train's one stream has it.
+  int64_t step_block = 0;
 };
 
 // The planned sample stream as the Loader keeps it, whatever the form.

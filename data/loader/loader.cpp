@@ -77,7 +77,7 @@ struct Loader::Impl {
 };
 
 Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
-               int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step)
+               int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step, bool step_blocks)
     : impl_(std::make_unique<Impl>()) {
   const DataConfig& c = checked(cfg, seq_len, micro_batch, rank, world_size);
   if (c.sources.empty() || sources.size() != c.sources.size())
@@ -85,9 +85,11 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
   for (const auto& m : sources) impl_->open(c, m, split, seq_len);
   const Manifest& first = sources[0];
   impl_->bucketed = c.bucketed();
+  if (step_blocks && c.bucketed()) throw Error("Loader: step blocks (dist.invariant) need packed data.train");
   std::vector<const ShardSet*> sets;
   for (const auto& s : impl_->sets) sets.push_back(s.get());
-  impl_->stream = data_form(c).plan(c, sets, sources, {split, seq_len, micro_batch, rank, world_size, seed, micro_per_step});
+  impl_->stream = data_form(c).plan(c, sets, sources, {split, seq_len, micro_batch, rank, world_size, seed, micro_per_step,
+                                                       step_blocks ? std::max<int64_t>(1, micro_per_step) : 0});
   impl_->plan_ahead(c, seq_len, impl_->stream.shuffle_block);
   impl_->start_workers(c, seq_len, first);
 }

@@ -141,9 +141,15 @@ class Loader {
   // Validates the split (every shard's header and sizes against the manifest, checksums when
   // verify=full) and throws DataError naming the file on any problem, before starting workers.
   // Bad option values throw ConfigError naming the data.* key (validate(), data_config.h).
+  // step_blocks (dist.invariant; packed data.train only): the micro_per_step global batches of a
+  // step are dealt as contiguous blocks instead: the step's W*micro_per_step micro-batches of
+  // micro_batch samples are the next samples of the stream in order, global micro-batch i being
+  // samples [i*B, (i+1)*B) of the step at any world size, and rank r's k-th next() returns global
+  // micro-batch r*micro_per_step + k (resumes land on step boundaries).
   // REQUIRES: 0 <= rank < world_size; sources.size() == cfg.sources.size().
   Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
-         int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step = 1);
+         int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step = 1,
+         bool step_blocks = false);
   ~Loader();  // stops and joins the workers, also while they wait on a full queue
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -64,9 +64,9 @@ int64_t padded(int64_t len, int64_t multiple, int64_t seq_len) {
 }
 
 Planner::Planner(const DataConfig& c, const ShardSet& set, int64_t seq_len, int64_t micro_batch, int rank, int world,
-                 uint64_t seed)
+                 uint64_t seed, int64_t step_block)
     : set_(set), bucketed_(c.bucketed()), split_docs_(c.split_long_docs()), shuffle_(c.shuffle),
-      T_(seq_len), B_(micro_batch), rank_(rank), world_(world), seed_(seed), shards_(set) {
+      T_(seq_len), B_(micro_batch), rank_(rank), world_(world), seed_(seed), step_block_(step_block), shards_(set) {
   uint64_t units = 0;
   for (size_t i = 0; i < set.size(); ++i) units += set.units(i);
   n_ = bucketed_ ? units : (units > 0 ? (units - 1) / static_cast<uint64_t>(T_) : 0);
@@ -97,7 +97,7 @@ void Planner::save(LoaderState& s) const {
 }
 
 void Planner::restart(const LoaderState& s, bool) {
-  cursor_ = s.cursor;
+  cursor_ = step_anchor_ = s.cursor;
   epochs_.clear(), perms_.clear(), blocks_.clear(), permuted_.clear(), shards_.clear();
   walker_ = {};
   layout_ = own_;
@@ -285,7 +285,12 @@ void Planner::forget_before(uint64_t i) {
 }
 
 void Planner::next_packed(Plan& p) {
-  const uint64_t first = cursor_ + static_cast<uint64_t>(rank_ * B_);
+  uint64_t first = cursor_ + static_cast<uint64_t>(rank_ * B_);
+  if (step_block_ > 0) {  // contiguous blocks: batch k of the step is global micro-batch rank*A + k
+    const uint64_t WB = static_cast<uint64_t>(world_ * B_), A = static_cast<uint64_t>(step_block_);
+    const uint64_t k = (cursor_ - step_anchor_) / WB % A;
+    first = cursor_ - k * WB + (static_cast<uint64_t>(rank_) * A + k) * static_cast<uint64_t>(B_);
+  }
   int64_t tokens = 0;
   for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) p.rows.push_back(sample(i, p, &tokens));
   cursor_ += static_cast<uint64_t>(world_) * static_cast<uint64_t>(B_);

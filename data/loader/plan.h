@@ -81,8 +81,10 @@ class Planner : public BatchPlanner {
  public:
   // `set` holds stream_units() of its shards. Throws DataError naming the directory and split when
   // the split holds no sample (packed: fewer than seq_len+1 stream tokens).
+  // step_block > 0 (packed; Loader's step_blocks): a step of step_block global batches is dealt in
+  // contiguous blocks, rank r's k-th batch of the step being global micro-batch r*step_block + k.
   Planner(const DataConfig& c, const ShardSet& set, int64_t seq_len, int64_t micro_batch, int rank, int world,
-          uint64_t seed);
+          uint64_t seed, int64_t step_block = 0);
   Planner(const Planner&) = delete;
   Planner& operator=(const Planner&) = delete;
 
@@ -143,6 +145,7 @@ class Planner : public BatchPlanner {
   int64_t T_, B_;
   int rank_, world_;
   uint64_t seed_;
+  int64_t step_block_;  // 0: off
   uint64_t n_ = 0;  // samples per epoch
   uint64_t S_ = 1;  // shuffle block
   uint64_t blocks_per_epoch_ = 1;
@@ -150,6 +153,7 @@ class Planner : public BatchPlanner {
 
   // ---- set by restart()
   uint64_t cursor_ = 0;  // next sample of the stream to plan
+  uint64_t step_anchor_ = 0;  // step_block_: a step boundary (where planning began or resumed)
   BatchLayout layout_;   // in use
   uint64_t held_block_ = kNone, held_pos_ = 0;  // a block ordered by held_layout_, entered at held_pos_
   BatchLayout held_layout_;

@@ -37,6 +37,7 @@ constexpr const char* kLongWindow = "long_window";   // the metrics sink's long-
 constexpr const char* kLoader = "loader";
 constexpr const char* kSourceTokens = "source_tokens";  // realised tokens per data source
 constexpr const char* kRng = "rng";
+constexpr const char* kParallel = "parallel";  // what the parallelism strategy keeps (parallel.h)
 }  // namespace state_key
 
 // A module's parameters and buffers by name (module_tensors: views), loaded back in place; the

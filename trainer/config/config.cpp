@@ -130,6 +130,20 @@ void walk(const Schema& s, const std::string& path, const std::string& prefix, c
   }
 }
 
+// dist.invariant: what the fixed summation tree covers so far (trainer/parallel/invariant.h).
+static void check_invariant(const ExperimentConfig& c) {
+  if (!c.dist.invariant) return;
+  if (c.data.token_budget > 0)
+    throw ConfigError("key 'data.token_budget': dist.invariant needs micro-batches of train.micro_batch_size rows; set "
+                      "data.token_budget=0");
+  if (c.data.bucketed())
+    throw ConfigError("key 'data.mode': dist.invariant runs packed batches only (data.mode=packed)");
+  if (!c.data.train_form && !c.data.sources.empty())
+    throw ConfigError("key 'data.sources': dist.invariant runs one data stream (data.train) only, not a mixture");
+  if (c.dist.zero != 0)
+    throw ConfigError("key 'dist.zero': dist.invariant keeps the optimizer state whole on every rank; set dist.zero=0");
+}
+
 void validate(const ExperimentConfig& c, const Origins& origins) {
   try {
     lm::validate(c.data, c.model.seq_len);
@@ -267,6 +281,7 @@ ExperimentConfig load_config(const std::string& path, const std::vector<std::str
   validate(cfg, origins);
   resolve_schedule(cfg, origins);
   resolve_train_form(cfg.data);
+  check_invariant(cfg);
   return cfg;
 }
 

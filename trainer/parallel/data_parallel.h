@@ -23,7 +23,7 @@ class DataParallel : public Parallelism {
   // Rank 0's parameters broadcast to every rank (after a resume every rank restored the same ones:
   // one source of truth all the same), then the gradient buckets' hooks (logged).
   void start() override;
-  void before_backward(bool last) override { sync_->begin(last); }
+  void before_backward(const MicroStep& m) override { sync_->begin(m.last()); }
   void after_backward(int64_t step) override { sync_->finish(step); }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
 

@@ -20,6 +20,12 @@ void describe_dist(config_schema::Schema& s, DistConfig& d) {
             "also keeps only its pieces of the weights between steps, each block's (and the embeddings', final norm's "
             "and head's) gathered before its forward and backward and released after; 0 = every rank keeps them all (no "
             "effect at world size 1)", 0, 3);
+  s.boolean("dist.invariant", &d.invariant, "the same bits on any number of ranks: the global batch is world size x "
+            "train.grad_accum micro-batches (kept when a resume changes the world size: set train.grad_accum to match); "
+            "rank r holds the contiguous block r*grad_accum.. of them, their gradients added in one fixed binary tree over "
+            "the global micro-batch indices (each rank's block a subtree, then the ranks' sums all-gathered and added in "
+            "the same tree), dropout seeded per global micro-batch; no overlap of communication with the backward; "
+            "packed data only; grad_accum a power of two at world size > 1");
 }
 
 }  // namespace lm

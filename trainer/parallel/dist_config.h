@@ -16,6 +16,7 @@ struct DistConfig {
   double timeout_s = 300;
   double bucket_mb = 25;
   int64_t zero = 0;  // which strategy shards what (parallel.cpp's table picks it)
+  bool invariant = false;  // the same bits at any world size (trainer/parallel/invariant.h)
 
   bool backend_auto() const { return backend == "auto"; }
 };

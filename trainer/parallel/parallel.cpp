@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/invariant.h"
 #include "trainer/parallel/zero1.h"
 #include "trainer/parallel/zero2.h"
 #include "trainer/parallel/zero3.h"
@@ -39,6 +40,13 @@ double zero2_grads(const DistConfig& d, double n, int world, int64_t accum) {
 // In order: the first that applies runs.
 const std::vector<Strategy>& strategies() {
   static const std::vector<Strategy> table = {
+      {"invariant", [](const DistConfig& d, int, bool) { return d.invariant; },
+       [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
+         RankBytes b = replicated(d, n, opt, world, accum);
+         b.stage = strf("dist.invariant at %d ranks (every rank keeps all weights, gradients and optimizer state)", world);
+         return b;
+       },
+       [](const ParallelInit& in) { return std::make_unique<Invariant>(in); }},
       {"single", [](const DistConfig&, int, bool group) { return !group; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<SingleProcess>(in); }},
       {"zero1", [](const DistConfig& d, int world, bool) { return d.zero == 1 && world > 1; },
@@ -74,6 +82,12 @@ const Strategy& pick(const DistConfig& dist, int world, bool has_group) {
 }
 
 }  // namespace
+
+torch::Tensor Parallelism::sum_losses(const std::vector<torch::Tensor>& losses) const {
+  torch::Tensor sum = torch::zeros({}, (losses.empty() ? torch::TensorOptions() : losses[0].options()).dtype(torch::kFloat));
+  for (const auto& l : losses) sum += l;
+  return sum;
+}
 
 std::unique_ptr<Parallelism> make_parallelism(const ParallelInit& init) {
   return pick(init.dist, init.world, init.comm != nullptr).make(init);

@@ -4,7 +4,8 @@
 //   - which ranges of the flat parameters this rank's optimizer updates and keeps state for, and
 //     whether that state is one part per rank in checkpoints (optimizer_ranges, shards_optimizer);
 //   - what the backward's gradients become: hooks launched per bucket while the backward runs
-//     (before_backward, after_backward);
+//     (before_backward, after_micro_backward, after_backward), and how the step's micro-batch losses
+//     add up on a rank (sum_losses);
 //   - the global gradient norm (grad_norm) and what follows the optimizer's update (after_update);
 //   - the bytes a rank keeps, for the memory check before anything is built (rank_bytes);
 //   - its start-up line (describe).
@@ -28,6 +29,12 @@
 
 namespace lm {
 
+// Micro-batch `index` (0-based) of the `count` a rank runs in optimizer step `step` (1-based).
+struct MicroStep {
+  int64_t step = 1, index = 0, count = 1;
+  bool last() const { return index == count - 1; }
+};
+
 class Parallelism {
  public:
   virtual ~Parallelism() = default;
@@ -39,8 +46,11 @@ class Parallelism {
   virtual bool shards_optimizer() const { return false; }
   // Once the state is restored, before the first step: the replicas made equal, hooks installed.
   virtual void start() {}
-  // Before each micro-batch's backward; last: the step's last one (only it communicates).
-  virtual void before_backward(bool /*last*/) {}
+  // Before each micro-batch's forward and backward (m.last(): the step's last one, the one that
+  // communicates in plain data parallelism).
+  virtual void before_backward(const MicroStep& /*m*/) {}
+  // After each micro-batch's backward, its gradients added into the flat gradient buffer.
+  virtual void after_micro_backward(const MicroStep& /*m*/) {}
   // After the step's last backward: the gradients are what this strategy keeps (summed over ranks).
   virtual void after_backward(int64_t /*step*/) {}
   // The global L2 norm of the summed gradients as a 0-dim tensor, or undefined: the flat gradient
@@ -58,6 +68,12 @@ class Parallelism {
   virtual void before_snapshot() {}
   // Asked before the strategy writes over weights a snapshot may still be copying (nullptr: none).
   virtual void set_fence(WriteFence* /*f*/) {}
+  // This rank's total of its micro-batches' loss values (0-dim tensors, in micro-batch order), as a
+  // 0-dim tensor; default: added in order from zero, in their dtype.
+  virtual torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const;
+  // What the strategy keeps in checkpoints (state key "parallel", replicated, optional), or nullptr:
+  // nothing.
+  virtual Stateful* checkpointed() { return nullptr; }
   // The start-up line: what a rank keeps. optimizer_bytes/what: the optimizer's state on this rank.
   virtual std::string describe(int64_t optimizer_bytes, const std::string& what) const = 0;
 };
@@ -69,6 +85,9 @@ struct ParallelInit {
   FlatParams& flat;
   torch::nn::Module& model;
   int rank, world;
+  uint64_t seed = 0;       // run.seed
+  int64_t grad_accum = 1;  // train.grad_accum: micro-batches per step on each rank
+  int64_t micro_batch = 1; // train.micro_batch_size
 };
 
 // The strategy the config picks for this group (dist.zero; world size 1 without a group: none).

@@ -208,9 +208,9 @@ void Zero2::complete_oldest() {
   // f.sums dropped here: the bucket's buffer freed.
 }
 
-void Zero2::before_backward(bool last) {
-  if (last && norm_) norm_->reset(flat_.numel());  // the buckets complete during this backward
-  Zero1::before_backward(last);
+void Zero2::before_backward(const MicroStep& m) {
+  if (m.last() && norm_) norm_->reset(flat_.numel());  // the buckets complete during this backward
+  Zero1::before_backward(m);
 }
 
 void Zero2::after_backward(int64_t step) {

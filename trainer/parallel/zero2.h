@@ -64,7 +64,7 @@ class Zero2 : public Zero1 {
  public:
   static constexpr size_t kInFlight = 2;  // bucket buffers alive at once
   explicit Zero2(const ParallelInit& init);
-  void before_backward(bool last) override;
+  void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   torch::Tensor grad_norm(int64_t step) override;
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;

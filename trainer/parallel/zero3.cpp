@@ -213,8 +213,8 @@ void Zero3::grad_accumulated(size_t u) {
   if (unit.pending_grads > 0 && --unit.pending_grads == 0) release(u);
 }
 
-void Zero3::before_backward(bool last) {
-  Zero1::before_backward(last);
+void Zero3::before_backward(const MicroStep& m) {
+  Zero1::before_backward(m);
   if (whole_) {  // after a snapshot: wait until an async save has copied the weights
     if (fence_) fence_->before_write();
     whole_ = false;

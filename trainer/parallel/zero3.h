@@ -42,7 +42,7 @@ class Zero3 : public Zero1 {
   ~Zero3() override;
   // Zero1's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
   void start() override;
-  void before_backward(bool last) override;
+  void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   void after_update() override {}  // each rank keeps its updated pieces; gathered when used
   void track_like_params(torch::Tensor buffer) override { tracked_.push_back(std::move(buffer)); }

@@ -44,7 +44,8 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                    cfg.train.activation_checkpointing.c_str()));
   }
   m.flat = std::make_unique<FlatParams>(*m.model, path);
-  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world});
+  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world, seed, cfg.train.grad_accum,
+                                 cfg.train.micro_batch_size});
   m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
   if (cfg.train.ema_decay > 0) {
     m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);

@@ -38,13 +38,13 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
   const double global_targets = global_target_tokens(mine.targets, p_.packed, p_.comm, p_.world);
   p_.flat->zero_grad();
   const auto on_device = torch::TensorOptions().device(p_.device);
-  torch::Tensor loss_sum = torch::zeros({}, on_device);
-  torch::Tensor z_sum = p_.z_loss ? torch::zeros({}, on_device) : torch::Tensor();  // optim.z_loss only
+  std::vector<torch::Tensor> losses, z_losses;  // per micro-batch; added up as the parallelism does it
   for (int64_t m = 0; m < accum; ++m) {
     auto& b = batches[m];
     auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
     auto y = uploader_.upload(b.targets, b.rows, b.cols);
-    p_.parallel->before_backward(m == accum - 1);
+    const MicroStep micro{step + 1, m, accum};
+    p_.parallel->before_backward(micro);
     if (bf16_) compat::set_autocast(p_.device, true);
     // optim.z_loss 0: terms.z undefined and terms.ce is loss_sum(), the one loss back-propagated as before.
     auto terms = b.rows > 0 ? p_.model->loss_terms(x, y) : LossTerms{torch::zeros({}, on_device), {}};
@@ -53,9 +53,13 @@ RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, 
     if (step + 1 == fault_nan_step_) loss = loss * std::nan("");  // fault injection (tests): a non-finite step
     if (b.rows > 0) ((terms.z.defined() ? loss + terms.z : loss) / global_targets).backward();
     if (bf16_) compat::clear_autocast_cache();
-    loss_sum += loss.detach();
-    if (terms.z.defined()) z_sum += terms.z.detach();
+    p_.parallel->after_micro_backward(micro);
+    losses.push_back(loss.detach());
+    if (terms.z.defined()) z_losses.push_back(terms.z.detach());
   }
+  const torch::Tensor loss_sum = p_.parallel->sum_losses(losses);
+  torch::Tensor z_sum;  // optim.z_loss only
+  if (p_.z_loss) z_sum = z_losses.empty() ? torch::zeros({}, on_device) : p_.parallel->sum_losses(z_losses);
   p_.parallel->after_backward(step + 1);
   const auto norm = p_.parallel->grad_norm(step + 1);  // undefined: taken from the flat gradients
   *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, p_.grad_clip, norm).to(torch::kDouble)});

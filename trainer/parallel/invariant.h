@@ -1,0 +1,93 @@
+// dist.invariant: the same bits on any number of ranks (a strategy of the parallelism seam,
+// parallel.h). The global batch is G = world size x train.grad_accum micro-batches; global
+// micro-batch i is the same samples at any world size (the loader's step blocks, loader.h) and rank
+// r holds the contiguous block [r*A, (r+1)*A) of them (A = grad_accum). Their gradients are added in
+// ONE binary tree over the G indices whatever the world size: the perfect tree over G leaves padded
+// to a power of two, an empty subtree passing its sibling through (TreeSum). With A a power of two
+// every rank's block is a whole subtree: the rank adds its micro-batches' gradients in tree order as
+// they come (a stash of one partial sum per tree level; a + b is exact for two operands and
+// commutative, so only the grouping matters), then the ranks' subtree sums are all-gathered per
+// gradient bucket and every rank adds them in the same tree. Every rank thus holds the same bits as
+// one rank running all G micro-batches, and the loss normalisation, clipping, the non-finite skip,
+// the EMA and AdamW see them. Dropout masks come from the default generator reseeded before each
+// micro-batch from (run seed, step, global micro-batch index), not the rank.
+//
+// The loss values a rank reports are added in double (each micro-batch's float value converted):
+// sums of a few float32 values of like magnitude are exact in double, so the ranks' sums add up to
+// the same bits in any grouping.
+//
+// Cost: no overlap of communication with the backward (the sums are taken after the last
+// micro-batch), one copy of the gradients per tree level held on each rank (log2 A + 1), and the
+// all-gather receives (W-1) x the gradient bytes per rank (a ring all-reduce: 2 (W-1)/W x).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/parallel/parallel.h"
+
+namespace lm {
+
+// Adds tensors pushed in index order in the perfect binary tree over their indices, padded to a
+// power of two (an empty subtree passes its sibling through). Operands are added in place into
+// the left one.
+class TreeSum {
+ public:
+  // The next leaf. borrowed: `leaf` stays the caller's (copied when it must be kept); else it is
+  // taken and may be written.
+  void push(const torch::Tensor& leaf, bool borrowed);
+  // The root of the leaves pushed so far (undefined when none); starts over.
+  torch::Tensor finish();
+  int64_t leaves() const { return leaves_; }
+  // A buffer finish() returned, to reuse.
+  void recycle(torch::Tensor t) { free_.push_back(std::move(t)); }
+
+ private:
+  torch::Tensor take_buffer(const torch::Tensor& like);
+  std::vector<torch::Tensor> level_;  // level_[k]: a complete subtree of 2^k leaves, or undefined
+  std::vector<torch::Tensor> free_;   // buffers to reuse
+  int64_t leaves_ = 0;
+};
+
+class Invariant : public Parallelism {
+ public:
+  // Throws ConfigError naming train.grad_accum when it is not a power of two at world size > 1, and
+  // optim.free_grads when the gradients are not one flat buffer.
+  explicit Invariant(const ParallelInit& init);
+  void start() override;
+  // Reseeds the default generators from (seed, step, global micro-batch index).
+  void before_backward(const MicroStep& m) override;
+  // The micro-batch's gradients into the stash (tree order), the flat buffer zeroed for the next.
+  void after_micro_backward(const MicroStep& m) override;
+  // The rank's subtree sum, then the ranks' sums all-gathered and added in the tree, into the flat
+  // gradient buffer (the same bits on every rank).
+  void after_backward(int64_t step) override;
+  torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override;
+  Stateful* checkpointed() override { return &state_; }
+  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+
+  // The global batch in micro-batches (world size x grad_accum).
+  int64_t global_micro_batches() const { return accum_ * world_; }
+
+ private:
+  // The global batch's shape in checkpoints: a resume at another world size must keep it.
+  struct State : Stateful {
+    const Invariant* self = nullptr;
+    ComponentState state() const override;
+    void load_state(const ComponentState* st) override;
+  };
+
+  Comm* comm_;
+  FlatParams& flat_;
+  int rank_, world_;
+  uint64_t seed_;
+  int64_t accum_, micro_batch_;
+  std::vector<FlatRange> buckets_;  // the all-gather's pieces (plan_buckets)
+  TreeSum local_;
+  State state_;
+};
+
+}  // namespace lm
