@@ -4,6 +4,7 @@
 #include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "trainer/optim/flat_norm.h"
 
 namespace lm {
 
@@ -105,11 +106,27 @@ void FlatParams::zero_grad() {
   for (auto& t : tensors_) t.mutable_grad().reset();
 }
 
+torch::Tensor flat_grad_norm(FlatParams& flat) {
+  const bool free = flat.path().free_grads;
+  TORCH_CHECK(!flat.path().pieces, "flat_grad_norm: gradients in pieces need the parallelism's norm");
+  if (!flat.params().is_cpu()) return free ? compat::global_norm(flat.grad_list()) : flat.grads().norm();
+  if (!free) return torch::full({}, FlatNorm::of(flat.grads()), flat.params().options());
+  FlatNorm n;  // per-parameter gradients, fed at their offsets (an undefined one is zeros)
+  n.reset();
+  const auto& entries = flat.entries();
+  auto& tensors = flat.tensors();
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const auto& g = tensors[e].grad();
+    if (g.defined()) n.add(entries[e].offset, g.contiguous().data_ptr<float>(), entries[e].numel);
+  }
+  return torch::full({}, n.result(), flat.params().options());
+}
+
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm) {
   const bool free = flat.path().free_grads, pieces = flat.path().pieces;
   TORCH_CHECK(!pieces || norm.defined(), "clip_grad_norm: gradients in pieces need the parallelism's norm");
   const auto grads = free ? flat.grad_list() : std::vector<torch::Tensor>();
-  if (!norm.defined()) norm = free ? compat::global_norm(grads) : flat.grads().norm();
+  if (!norm.defined()) norm = flat_grad_norm(flat);
   if (max_norm > 0 && flat.path().clip_in_step) {
     flat.set_grad_scale(((norm + 1e-6) / max_norm).clamp_min(1.0));  // the inverse of coef below
   } else if (max_norm > 0) {

@@ -94,6 +94,10 @@ class FlatParams {
   std::vector<Entry> entries_, runs_;
 };
 
+// The L2 norm of the gradients (not in pieces) as a 0-dim tensor: on the CPU this project's own
+// (FlatNorm, the bits every parallelism reproduces), elsewhere LibTorch's norm.
+torch::Tensor flat_grad_norm(FlatParams& flat);
+
 // Scales gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0): by
 // max_norm / (norm + 1e-6) where that is below 1, in place, or with path().clip_in_step, by setting
 // flat.grad_scale() to its inverse for the fused AdamW. Returns the norm before clipping as a 0-dim

@@ -19,11 +19,11 @@
 // Megatron's distributed optimizer keeps full gradients. grad_accum 1: never more than the buckets
 // in flight and the gradients backward has not handed over yet.
 //
-// The norm for clipping: on the all-reduce path every rank sees every bucket's sums, in flat order,
-// and streams them through NormStream, which adds the squares as LibTorch's float norm kernel
-// does (checked at start against torch::norm; the same bits as plain data parallelism's
-// flat.grads().norm()). Where the check fails, and on the reduce-scatter path, the norm is taken
-// from the pieces (their sums of squares all-reduced): the same number within float rounding.
+// The norm for clipping: on the all-reduce path on the CPU every rank sees every bucket's sums, in
+// flat order, and feeds them to a FlatNorm (trainer/optim/flat_norm.h: this project's own norm, the
+// bits plain data parallelism's flat_grad_norm gives, whatever LibTorch's norm kernel does). On the
+// reduce-scatter path (and on CUDA) it is taken from the pieces (their sums of squares all-reduced):
+// the same number within float rounding.
 #pragma once
 
 #include <torch/torch.h>
@@ -33,32 +33,10 @@
 #include <string>
 #include <vector>
 
+#include "trainer/optim/flat_norm.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
-
-// torch's float32 L2 norm of one contiguous vector of `n` values, fed in order, a range at a time:
-// `lanes` accumulators each adding x*x (fused multiply-add or not) for the values below the last
-// multiple of `lanes`, the lanes summed left to right, then the rest added one by one, the square
-// root (ATen's norm kernel over the last dimension, vectorized: 8 lanes with AVX2, 16 with AVX-512).
-class NormStream {
- public:
-  NormStream(int lanes, bool fused) : lanes_(lanes), fused_(fused) {}
-  void reset(int64_t n);
-  void add(const float* x, int64_t k);
-  float result() const;
-  int lanes() const { return lanes_; }
-  bool fused() const { return fused_; }
-  // The variant that gives LibTorch's own norm's bits on this machine (checked on vectors of
-  // several lengths, `also` among them when > 0), or nullptr where none does.
-  static std::unique_ptr<NormStream> matching_torch(int64_t also);
-
- private:
-  int lanes_;
-  bool fused_;
-  int64_t n_ = 0, main_ = 0, at_ = 0;
-  std::vector<float> acc_, tail_;
-};
 
 class Zero2 : public Zero1 {
  public:
@@ -83,7 +61,10 @@ class Zero2 : public Zero1 {
   std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
   std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()
   std::deque<InFlight> in_flight_;
-  std::unique_ptr<NormStream> norm_;  // the all-reduce path's norm, when it matches LibTorch's
+  // The all-reduce path on the CPU: the norm fed each bucket's sums as it completes (in increasing
+  // offsets), the bits plain data parallelism's flat_grad_norm gives.
+  bool stream_norm_ = false;
+  FlatNorm norm_;
 };
 
 }  // namespace lm

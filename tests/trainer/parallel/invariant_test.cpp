@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "tests/testutil.h"
+#include "tests/trainer/parallel/group_run.h"
 #include "trainer/parallel/invariant.h"
 #include "trainer/parallel/parallel.h"
 
@@ -17,6 +18,8 @@ namespace lm {
 namespace {
 
 using test::TempDir;
+using test::expect_same_state;
+using test::loss_and_norm;
 namespace fs = std::filesystem;
 
 // The perfect binary tree over [lo, hi) padded to a power of two: explicit recursion.
@@ -98,58 +101,15 @@ TEST(TreeSum, TheTablePicksInvariantAndItsLineSaysTheTreeAndTheDeal) {
 
 // ---- real Gloo groups of trainers ---------------------------------------------------------------
 
-class InvariantE2E : public ::testing::Test {
+class InvariantE2E : public ::testing::Test, protected test::GroupRun {
  protected:
-  const std::string data_ = test::shared_bytes_dataset();
-
-  std::vector<std::string> args(const std::string& run, std::vector<std::string> extra) const {
-    std::vector<std::string> a = {test::source_path("configs/tiny.yaml"), "data.train=" + data_, "run.dir=" + run,
-                                  "log.every_steps=1", "eval.batches=0", "train.threads=1", "dist.bucket_mb=0.05",
-                                  "dist.timeout_s=60", "dist.invariant=true", "train.micro_batch_size=2",
-                                  "schedule.kind=constant", "schedule.warmup_steps=3", "train.ema_decay=0.9",
-                                  "checkpoint.every_steps=2"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+  InvariantE2E() {
+    common = {"log.every_steps=1", "eval.batches=0", "train.threads=1", "dist.bucket_mb=0.05",
+              "dist.timeout_s=60", "dist.invariant=true", "train.micro_batch_size=2",
+              "schedule.kind=constant", "schedule.warmup_steps=3", "train.ema_decay=0.9",
+              "checkpoint.every_steps=2"};
+    timeout_s = 300;
   }
-  // `world` trainer processes (world 1: no launcher variables); every exit code.
-  std::vector<int> run(const std::string& dir, int world, std::vector<std::string> extra) const {
-    const int port = test::free_port();
-    std::vector<test::Proc> ranks;
-    fs::create_directories(dir);
-    for (int r = 0; r < world; ++r) {
-      std::vector<std::string> env =
-          world == 1 ? std::vector<std::string>{"OMP_NUM_THREADS=1"} : test::rank_env(r, world, port);
-      ranks.push_back(test::spawn_bin("trainer", args(dir, extra), dir + "/out" + std::to_string(r) + "_" + std::to_string(counter_++),
-                                      env));
-    }
-    std::vector<int> codes;
-    for (auto& r : ranks) codes.push_back(test::wait_proc(r, 300));
-    return codes;
-  }
-  void run_ok(const std::string& dir, int world, std::vector<std::string> extra) const {
-    const auto codes = run(dir, world, extra);
-    for (size_t r = 0; r < codes.size(); ++r)
-      ASSERT_EQ(codes[r], 0) << "rank " << r << "\n" << test::read_text(dir + "/logs/rank_" + std::to_string(r) + ".log");
-  }
-  static std::vector<std::pair<double, double>> loss_and_norm(const std::string& dir) {
-    std::vector<std::pair<double, double>> out;
-    for (auto& l : test::metrics_of_kind(dir + "/metrics.jsonl", "train")) {
-      const auto j = nlohmann::json::parse(l);
-      out.emplace_back(j["loss"].get<double>(), j["grad_norm"].get<double>());
-    }
-    return out;
-  }
-  // The weights, the EMA and the optimizer state of the checkpoint at `step`, byte for byte.
-  static void expect_same_state(const std::string& a, const std::string& b, int64_t step, const std::string& what) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/checkpoints/step_%08lld", static_cast<long long>(step));
-    for (const char* f : {"model.safetensors", "ema.safetensors", "optimizer.safetensors"}) {
-      const std::string fa = a + name + "/" + f, fb = b + name + "/" + f;
-      ASSERT_TRUE(fs::exists(fa)) << fa;
-      EXPECT_TRUE(test::read_text(fa) == test::read_text(fb)) << f << ", " << what;  // not printed: binary
-    }
-  }
-  mutable int counter_ = 0;
 };
 
 // G = 8 micro-batches of 2 rows at world sizes 1, 2, 4 and 8 (grad_accum 8, 4, 2, 1), with dropout

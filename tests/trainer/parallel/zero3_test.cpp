@@ -10,42 +10,20 @@
 #include <regex>
 
 #include "tests/testutil.h"
+#include "tests/trainer/parallel/group_run.h"
 #include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
 namespace {
 
 using test::TempDir;
+using test::loss_and_norm;
 namespace fs = std::filesystem;
 
-class Zero3E2E : public ::testing::Test {
+class Zero3E2E : public ::testing::Test, protected test::GroupRun {
  protected:
-  const std::string data_ = test::shared_bytes_dataset();
-
-  // `world` trainer processes of `config` + extra; every rank must exit 0.
-  void run_ok(const std::string& dir, int world, const std::string& config, std::vector<std::string> extra,
-              const std::vector<std::string>& env_all = {}) {
-    std::vector<std::string> a = {test::source_path(config), "data.train=" + data_, "run.dir=" + dir, "log.every_steps=1",
-                                  "eval.batches=0", "train.threads=1", "dist.bucket_mb=0.05", "dist.timeout_s=60"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    const int port = test::free_port();
-    std::vector<test::Proc> ranks;
-    fs::create_directories(dir);
-    for (int r = 0; r < world; ++r) {
-      std::vector<std::string> env = test::rank_env(r, world, port);
-      env.insert(env.end(), env_all.begin(), env_all.end());
-      ranks.push_back(test::spawn_bin("trainer", a, dir + "/out" + std::to_string(r) + "_" + std::to_string(counter_++), env));
-    }
-    for (size_t r = 0; r < ranks.size(); ++r)
-      ASSERT_EQ(test::wait_proc(ranks[r], 240), 0) << "rank " << r << "\n" << test::read_text(ranks[r].log);
-  }
-  static std::vector<std::pair<double, double>> loss_and_norm(const std::string& dir) {
-    std::vector<std::pair<double, double>> out;
-    for (auto& l : test::metrics_of_kind(dir + "/metrics.jsonl", "train")) {
-      const auto j = nlohmann::json::parse(l);
-      out.emplace_back(j["loss"].get<double>(), j["grad_norm"].get<double>());
-    }
-    return out;
+  Zero3E2E() {
+    common = {"log.every_steps=1", "eval.batches=0", "train.threads=1", "dist.bucket_mb=0.05", "dist.timeout_s=60"};
   }
   // dist.zero 0 and 3 at `world` ranks: every step's loss and norm, the final weights and the
   // checkpoint's EMA, bit for bit.
@@ -53,23 +31,19 @@ class Zero3E2E : public ::testing::Test {
     TempDir plain, zero;
     extra.push_back("train.max_steps=" + std::to_string(steps));
     extra.push_back("train.ema_decay=0.9");
-    run_ok(plain.path(), world, config, extra);
+    GroupRun::config = config;
+    run_ok(plain.path(), world, extra);
     auto z = extra;
     z.push_back("dist.zero=3");
-    run_ok(zero.path(), world, config, z);
+    run_ok(zero.path(), world, z);
     const auto a = loss_and_norm(plain.path()), b = loss_and_norm(zero.path());
     ASSERT_EQ(a.size(), static_cast<size_t>(steps));
     EXPECT_EQ(a, b) << config << " world " << world;
     EXPECT_EQ(test::read_text(plain / "model.safetensors"), test::read_text(zero / "model.safetensors")) << config;
-    char name[48];
-    std::snprintf(name, sizeof name, "checkpoints/step_%08lld/ema.safetensors", static_cast<long long>(steps));
-    auto ea = load_safetensors(plain / name), eb = load_safetensors(zero / name);
-    ASSERT_EQ(ea.size(), eb.size());
-    for (size_t i = 0; i < ea.size(); ++i) EXPECT_TRUE(torch::equal(ea[i].second, eb[i].second)) << ea[i].first;
+    test::expect_same_ema(plain.path(), zero.path(), steps);
     const std::string log1 = test::read_text(zero / "logs/rank_1.log");
     EXPECT_NE(log1.find("zero-3: rank 1 keeps"), std::string::npos) << log1;
   }
-  int counter_ = 0;
 };
 
 // Checked to fail with the gather before a block's backward left out (Zero3::unit_before_backward
@@ -99,7 +73,7 @@ TEST_F(Zero3E2E, LlamaUntiedActivationCheckpointingAccumulationSameAsPlain) {
 // resident of 1698304.
 TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheSteps) {
   TempDir zero;
-  run_ok(zero.path(), 2, "configs/tiny.yaml",
+  run_ok(zero.path(), 2,
          {"train.max_steps=3", "train.micro_batch_size=2", "model.n_layer=8", "dist.zero=3", "dist.bucket_mb=0.2"},
          {"LM_TEST_WEIGHTS_RESIDENT=1"});
   for (int r = 0; r < 2; ++r) {
@@ -141,8 +115,8 @@ TEST_F(Zero3E2E, CheckpointsResumeAcrossStagesAndWorldSizes) {
     auto ap = a, az = a;
     if (!prev_p.empty()) ap.push_back("checkpoint.resume=" + prev_p), az.push_back("checkpoint.resume=" + prev_z);
     if (leg.zero) az.push_back("dist.zero=3");
-    run_ok(dp, leg.world, "configs/tiny.yaml", ap);
-    run_ok(dz, leg.world, "configs/tiny.yaml", az);
+    run_ok(dp, leg.world, ap);
+    run_ok(dz, leg.world, az);
     EXPECT_EQ(loss_and_norm(dp), loss_and_norm(dz)) << "leg " << i;
     EXPECT_EQ(test::read_text(dp + "/model.safetensors"), test::read_text(dz + "/model.safetensors")) << "leg " << i;
     char name[32];

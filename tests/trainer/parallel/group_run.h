@@ -1,0 +1,107 @@
+// Groups of real trainer processes over Gloo on loopback, and what the parallelism tests compare
+// between two runs (ZeroE2E, Zero3E2E, InvariantE2E): per-step losses and norms, the checkpoint's
+// weights, EMA and optimizer state.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/testutil.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace lm::test {
+
+// `config` + data + run dir + `common` + a run's own extra arguments, for `world` trainer processes
+// (world 1: no launcher variables; every rank OMP_NUM_THREADS=1).
+struct GroupRun {
+  std::string config = "configs/tiny.yaml";
+  std::vector<std::string> common;
+  int timeout_s = 240;
+
+  std::vector<std::string> args(const std::string& dir, const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {source_path(config), "data.train=" + shared_bytes_dataset(), "run.dir=" + dir};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // Every rank's exit code; `env_all` goes to every rank, `env_rank1` to rank 1 only.
+  std::vector<int> run(const std::string& dir, int world, const std::vector<std::string>& extra,
+                       const std::vector<std::string>& env_all = {}, const std::string& env_rank1 = "") const {
+    const int port = free_port();
+    std::filesystem::create_directories(dir);
+    std::vector<Proc> ranks;
+    outs_.clear();
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> env = rank_env(r, world, port);
+      env.insert(env.end(), env_all.begin(), env_all.end());
+      if (r == 1 && !env_rank1.empty()) env.push_back(env_rank1);
+      outs_.push_back(dir + "/out" + std::to_string(r) + "_" + std::to_string(counter_++));
+      ranks.push_back(spawn_bin("trainer", args(dir, extra), outs_.back(), env));
+    }
+    std::vector<int> codes;
+    for (auto& r : ranks) codes.push_back(wait_proc(r, timeout_s));
+    return codes;
+  }
+  // Every rank must exit 0 (the failing rank's output printed).
+  void run_ok(const std::string& dir, int world, const std::vector<std::string>& extra,
+              const std::vector<std::string>& env_all = {}) const {
+    const auto codes = run(dir, world, extra, env_all);
+    for (size_t r = 0; r < codes.size(); ++r)
+      ASSERT_EQ(codes[r], 0) << "rank " << r << "\n" << read_text(outs_[r]);
+  }
+  mutable int counter_ = 0;
+  mutable std::vector<std::string> outs_;  // the last run's output file per rank
+};
+
+// Every train record's (loss, grad_norm).
+inline std::vector<std::pair<double, double>> loss_and_norm(const std::string& dir) {
+  std::vector<std::pair<double, double>> out;
+  for (auto& l : metrics_of_kind(dir + "/metrics.jsonl", "train")) {
+    const auto j = nlohmann::json::parse(l);
+    out.emplace_back(j["loss"].get<double>(), j["grad_norm"].get<double>());
+  }
+  return out;
+}
+
+// Every train record's loss and grad_norm as JSON text ("null" for a skipped step's loss).
+inline std::vector<std::string> losses_as_text(const std::string& dir) {
+  std::vector<std::string> out;
+  for (auto& l : metrics_of_kind(dir + "/metrics.jsonl", "train")) {
+    const auto j = nlohmann::json::parse(l);
+    out.push_back(j["loss"].dump() + " " + j["grad_norm"].dump());
+  }
+  return out;
+}
+
+inline std::string checkpoint_dir(const std::string& run, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "/checkpoints/step_%08lld", static_cast<long long>(step));
+  return run + name;
+}
+
+// The EMA tensors of the checkpoint at `step` of two runs, bit for bit (each run may have saved them
+// in its own layout: compared tensor by tensor).
+inline void expect_same_ema(const std::string& a, const std::string& b, int64_t step) {
+  auto ea = load_safetensors(checkpoint_dir(a, step) + "/ema.safetensors");
+  auto eb = load_safetensors(checkpoint_dir(b, step) + "/ema.safetensors");
+  ASSERT_EQ(ea.size(), eb.size());
+  for (size_t i = 0; i < ea.size(); ++i) EXPECT_TRUE(torch::equal(ea[i].second, eb[i].second)) << ea[i].first;
+}
+
+// The weights, the EMA and the optimizer state files of the checkpoint at `step`, byte for byte.
+inline void expect_same_state(const std::string& a, const std::string& b, int64_t step, const std::string& what) {
+  for (const char* f : {"model.safetensors", "ema.safetensors", "optimizer.safetensors"}) {
+    const std::string fa = checkpoint_dir(a, step) + "/" + f, fb = checkpoint_dir(b, step) + "/" + f;
+    ASSERT_TRUE(std::filesystem::exists(fa)) << fa;
+    EXPECT_TRUE(read_text(fa) == read_text(fb)) << f << ", " << what;  // not printed: binary
+  }
+}
+
+}  // namespace lm::test
