@@ -198,7 +198,7 @@ class Trainer {
 
   void build_model() {
     install_caching_host_allocator();
-    configure_math(cfg_.train.threads, device_);
+    configure_math(cfg_.train.threads, device_, cfg_.dist.invariant);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
   }

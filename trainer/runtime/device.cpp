@@ -57,9 +57,21 @@ void set_math_threads(int64_t n) {
   }
 }
 
-void configure_math(int64_t threads, const torch::Device& device) {
+void configure_math(int64_t threads, const torch::Device& device, bool deterministic) {
   set_math_threads(threads > 0 ? threads : (device.is_cpu() ? 1 : 0));
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
+  if (device.is_cuda() && deterministic) log::info(deterministic_kernels());
+}
+
+std::string deterministic_kernels() {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  auto& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/true);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setBenchmarkCuDNN(false);
+  return strf("deterministic kernels (dist.invariant): CUBLAS_WORKSPACE_CONFIG=%s, deterministic algorithms "
+              "(warn only), cuDNN deterministic, cuDNN benchmark off",
+              std::getenv("CUBLAS_WORKSPACE_CONFIG"));
 }
 
 std::string describe_runtime(const torch::Device& device, int world) {

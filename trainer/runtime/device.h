@@ -25,7 +25,15 @@ torch::Device pick_device(const std::string& device, bool bf16, int local_rank);
 // and ~19x slower beside two busy processes: see set_math_threads; train.threads: 2 asks for it). Debian's 1.13 starts with one
 // thread, 2.x with one per core, so it is set, not left to the version. 0 on CUDA keeps LibTorch's
 // default; CUDA runs fp32 matmuls on TF32.
-void configure_math(int64_t threads, const torch::Device& device);
+// deterministic (dist.invariant): on CUDA also deterministic_kernels().
+void configure_math(int64_t threads, const torch::Device& device, bool deterministic = false);
+// What LibTorch offers to make a CUDA run's kernels give the same bits every time at the same shapes
+// (dist.invariant keeps every micro-batch's shape whatever the world size, so cuBLAS and cuDNN pick
+// the same kernels): CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless set; read when cuBLAS first starts),
+// deterministic algorithms (warn_only: an operation without a deterministic kernel warns instead of
+// failing the run), cuDNN deterministic and its benchmark (per-run autotuning) off. Returns the line
+// the run's log shows.
+std::string deterministic_kernels();
 // n math threads. Where LibTorch calls OpenBLAS (Debian's builds), n is OpenBLAS's pool, whose
 // sgemm splits each product over it, and LibTorch's intra-op pool is one thread: both pools
 // threaded spin against each other (4x4 layers of 256 on 2 cores, 30 steps, idle: 93 ms a step with

@@ -13,6 +13,7 @@
 #include <iterator>
 
 #include "tests/testutil.h"
+#include "tests/trainer/parallel/group_run.h"
 #include "trainer/checkpoint/safetensors.h"
 
 namespace lm {
@@ -137,29 +138,6 @@ TEST_F(DistE2E, SlurmVariablesStartAGroup) {
   EXPECT_EQ(nlohmann::json::parse(test::read_text(run / "summary.json"))["world_size"], 2);
 }
 
-}  // namespace
-}  // namespace lm
-
-namespace lm {
-namespace {
-
-// The pid of the worker with RANK=rank started under TORCHELASTIC_RUN_ID=run_id, or -1.
-int find_worker(const std::string& run_id, int rank) {
-  for (auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = e.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    // Not test::read_text: a process may exit meanwhile, or hide its environment; both are "not it".
-    std::ifstream in("/proc/" + pid + "/environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::replace(env.begin(), env.end(), '\0', '\n');
-    env = "\n" + env;
-    if (env.find("\nTORCHELASTIC_RUN_ID=" + run_id + "\n") != std::string::npos &&
-        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
-      return std::stoi(pid);
-  }
-  return -1;
-}
-
 // A worker SIGKILLed mid-run: launch stops the group, restarts it, the trainer resumes from the
 // latest checkpoint, and the run ends exactly as an uninterrupted one.
 TEST_F(DistE2E, LaunchRestartsTheGroupWhichResumesExactly) {
@@ -181,7 +159,7 @@ TEST_F(DistE2E, LaunchRestartsTheGroupWhichResumesExactly) {
   auto q = test::spawn_bin("launch", a, killed / "out");
   ASSERT_TRUE(test::wait_until(q, [&] { return test::last_train_step(killed / "metrics.jsonl") >= 12; }))
       << test::read_text(killed / "out");
-  const int victim = find_worker(run_id, 1);
+  const int victim = test::find_worker(run_id, 1);
   ASSERT_GT(victim, 0);
   ::kill(victim, SIGKILL);
   ASSERT_EQ(test::wait_proc(q), 0) << test::read_text(killed / "out");

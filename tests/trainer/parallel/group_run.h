@@ -7,7 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -102,6 +105,23 @@ inline void expect_same_state(const std::string& a, const std::string& b, int64_
     ASSERT_TRUE(std::filesystem::exists(fa)) << fa;
     EXPECT_TRUE(read_text(fa) == read_text(fb)) << f << ", " << what;  // not printed: binary
   }
+}
+
+// The pid of the worker with RANK=rank started under TORCHELASTIC_RUN_ID=run_id, or -1.
+inline int find_worker(const std::string& run_id, int rank) {
+  for (auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    // Not test::read_text: a process may exit meanwhile, or hide its environment; both are "not it".
+    std::ifstream in("/proc/" + pid + "/environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    env = "\n" + env;
+    if (env.find("\nTORCHELASTIC_RUN_ID=" + run_id + "\n") != std::string::npos &&
+        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return std::stoi(pid);
+  }
+  return -1;
 }
 
 }  // namespace lm::test

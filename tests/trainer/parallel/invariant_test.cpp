@@ -1,11 +1,15 @@
 // dist.invariant (trainer/parallel/invariant.h): the fixed summation tree, and real Gloo groups of
 // trainer processes at world sizes 1, 2, 4 and 8 with the same global batch giving the same bits:
 // per-step losses and gradient norms, the weights, the EMA and the optimizer state; a chain cut at 4
-// ranks, resumed at 2 and then at 8 equal to the uncut 1-rank run; the refusals in one line.
+// ranks, resumed at 2 and then at 8 equal to the uncut 1-rank run, and a launched group with a killed
+// rank; the deterministic kernel settings for CUDA; the refusals in one line.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <signal.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 
@@ -13,6 +17,7 @@
 #include "tests/trainer/parallel/group_run.h"
 #include "trainer/parallel/invariant.h"
 #include "trainer/parallel/parallel.h"
+#include "trainer/runtime/device.h"
 
 namespace lm {
 namespace {
@@ -200,6 +205,53 @@ TEST_F(InvariantE2E, AChainCutAcrossWorldSizesEqualsTheUncutRun) {
   EXPECT_EQ(losses, loss_and_norm(uncut));
   EXPECT_TRUE(test::read_text(root / "leg2/model.safetensors") == test::read_text(uncut + "/model.safetensors"));
   expect_same_state(uncut, root / "leg2", 6, "the chain");
+}
+
+// Under the launcher at 2 ranks (grad_accum 4: G = 8), rank 1 SIGKILLed once the run has passed step
+// 5: the launcher stops and restarts the group, which resumes from the latest checkpoint (every 2
+// steps); every step's loss and norm, and the final weights, EMA and optimizer state equal the uncut
+// 1-rank run's (grad_accum 8) bit for bit.
+TEST_F(InvariantE2E, ALaunchedGroupWithAKilledRankEqualsTheUncutOneRankRun) {
+  TempDir root;
+  const std::string uncut = root / "uncut", killed = root / "killed";
+  run_ok(uncut, 1, {"train.max_steps=16", "train.grad_accum=8", "model.dropout=0.1"});
+  const std::string run_id = "inv" + std::to_string(::getpid());
+  std::vector<std::string> a = {"--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
+                                killed + "/launch_logs", "--run-id", run_id, "--", test::bin_path("trainer")};
+  for (auto& x : args(killed, {"train.max_steps=16", "train.grad_accum=4", "model.dropout=0.1"})) a.push_back(x);
+  fs::create_directories(killed);
+  auto q = test::spawn_bin("launch", a, killed + "/out");
+  ASSERT_TRUE(test::wait_until(q, [&] { return test::last_train_step(killed + "/metrics.jsonl") >= 5; }, 240))
+      << test::read_text(killed + "/out");
+  const int victim = test::find_worker(run_id, 1);
+  ASSERT_GT(victim, 0) << "rank 1 of " << run_id << " not found (the run ended first?)";
+  ::kill(victim, SIGKILL);
+  ASSERT_EQ(test::wait_proc(q, 300), 0) << test::read_text(killed + "/out");
+  const std::string out = test::read_text(killed + "/out");
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_EQ(loss_and_norm(killed), loss_and_norm(uncut));
+  EXPECT_TRUE(test::read_text(killed + "/model.safetensors") == test::read_text(uncut + "/model.safetensors"));
+  expect_same_state(uncut, killed, 16, "killed and restarted under the launcher");
+}
+
+// On CUDA dist.invariant sets what LibTorch offers for repeatable kernels (configure_math ->
+// deterministic_kernels); here the settings themselves (no GPU), restored after.
+TEST(InvariantKernels, DeterministicSettingsAreSetAndNamed) {
+  auto& ctx = at::globalContext();
+  const bool had_env = std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr;
+  const std::string line = deterministic_kernels();
+  EXPECT_TRUE(ctx.deterministicAlgorithms());
+  EXPECT_TRUE(ctx.deterministicAlgorithmsWarnOnly());
+  EXPECT_TRUE(ctx.deterministicCuDNN());
+  EXPECT_FALSE(ctx.benchmarkCuDNN());
+  ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+  if (!had_env) {
+    EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
+  }
+  EXPECT_NE(line.find("CUBLAS_WORKSPACE_CONFIG="), std::string::npos) << line;
+  ctx.setDeterministicAlgorithms(false, false);
+  ctx.setDeterministicCuDNN(false);
+  if (!had_env) ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
 }
 
 // What the tree does not cover yet is refused in one line naming the key (exit 2).
