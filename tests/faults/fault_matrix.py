@@ -11,8 +11,8 @@ Faults, in turn (each with its own seeded draw):
                 and the final save included) passes
   kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch (both ranks are
                 fault_trainer without a fault: the journal has the durable steps), likewise
-  kill_part     a 2-rank run with ZeRO-1 (dist.zero=1: each rank writes its own part of the
-                optimizer state) under build/bin/launch: one rank (drawn) is SIGKILLed at its Nth
+  kill_part     a 2-rank run with ZeRO (dist.zero 3, 2, 1 in turn: each rank writes its own part of
+                the optimizer state) under build/bin/launch: one rank (drawn) is SIGKILLed at its Nth
                 write into its part file, inside a sharded save; the launcher restarts the group
   kill_writer   SIGKILL of the asynchronous checkpoint writer at its Nth file-system call
   kill_rename   SIGKILL just before the Nth rename (checkpoint commits, atomic files)
@@ -54,7 +54,11 @@ import time
 KINDS = ["kill_time", "kill_rank", "kill_writer", "kill_rename", "kill_renamed", "enospc", "eio",
          "fsync_eio", "powercut", "kill_part"]
 LAUNCHED = ("kill_rank", "kill_part")  # kinds run under build/bin/launch, 2 ranks
-ZERO = ("dist.zero=1",)  # kill_part's runs (and their reference)
+ZERO = ("dist.zero=1",)  # kill_part's reference run
+# kill_part's faults take the stages in turn (ZeRO-3 first: CI's short form draws two kill_part faults).
+# Every stage writes the same optimizer parts and gives the bits of the others, so all are compared
+# with the ZeRO-1 reference.
+ZERO_STAGES = (("dist.zero=3",), ("dist.zero=2",), ("dist.zero=1",))
 MAX_ATTEMPTS = 6
 STEPS = 24
 
@@ -84,6 +88,7 @@ class Matrix:
         self.keep = args.keep
         self.kill_window = args.kill_window
         self.verbose = args.verbose
+        self.part_faults = 0  # kill_part faults so far (their ZeRO stage in turn)
         self.data = os.path.join(self.work, "data")
         with open(os.path.join(self.work, "corpus.txt"), "w") as f:
             f.write(corpus())
@@ -323,8 +328,10 @@ class Matrix:
             # fault_fs.h), N drawn from that rank's writes into part files in the reference.
             fault_rank = rng.randint(0, 1)
             n = rng.randint(1, max(1, base["rank_counts"][fault_rank].get("part_writes", 1)))
-            fault, extra_launch = f"kill_part@{n}", ZERO
-            detail = f"kill_part@{n} rank {fault_rank}"
+            extra_launch = ZERO_STAGES[self.part_faults % len(ZERO_STAGES)]
+            self.part_faults += 1
+            fault = f"kill_part@{n}"
+            detail = f"{extra_launch[0]} kill_part@{n} rank {fault_rank}"
             p = launch_attempt(1)
             rc = wait(p)
             fired = [line for line in self.journal(run) if line.startswith("injected ")]
