@@ -140,8 +140,9 @@ static void check_invariant(const ExperimentConfig& c) {
     throw ConfigError("key 'data.mode': dist.invariant runs packed batches only (data.mode=packed)");
   if (!c.data.train_form && !c.data.sources.empty())
     throw ConfigError("key 'data.sources': dist.invariant runs one data stream (data.train) only, not a mixture");
-  if (c.dist.zero != 0)
-    throw ConfigError("key 'dist.zero': dist.invariant keeps the optimizer state whole on every rank; set dist.zero=0");
+  if (c.dist.zero > 1)
+    throw ConfigError("key 'dist.zero': dist.invariant adds the gradients in its tree after the backward, ZeRO-2 and 3 "
+                      "reduce them bucket by bucket during it; set dist.zero=1 or 0");
 }
 
 void validate(const ExperimentConfig& c, const Origins& origins) {

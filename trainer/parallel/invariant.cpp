@@ -77,7 +77,24 @@ Invariant::Invariant(const ParallelInit& init)
     throw ConfigError(strf("key 'train.grad_accum': dist.invariant at world size %d needs a power of two (each rank's "
                            "micro-batches a whole subtree of the sum), got %lld",
                            world_, static_cast<long long>(accum_)));
+  if (init.dist.zero > 1)
+    throw ConfigError(strf("key 'dist.zero': dist.invariant adds the gradients in its tree after the backward; ZeRO-%lld "
+                           "reduces them bucket by bucket during it; set dist.zero=1 or 0",
+                           static_cast<long long>(init.dist.zero)));
+  if (init.dist.zero == 1 && comm_ && world_ > 1) {
+    zero_ = ZeroLayout{buckets_, rank_, world_};
+    nccl_ = comm_->backend() == "nccl";
+  }
   state_.self = this;
+}
+
+std::optional<std::vector<FlatRange>> Invariant::optimizer_ranges() const {
+  if (!zero_) return std::nullopt;
+  return zero_->owned();
+}
+
+void Invariant::after_update() {
+  if (zero_) gather_pieces(*zero_, *comm_, nccl_, flat_.params());
 }
 
 void Invariant::start() {
@@ -130,7 +147,7 @@ std::string Invariant::describe(int64_t optimizer_bytes, const std::string& what
   const double grad_mb = static_cast<double>(flat_.numel()) * 4 / 1e6;
   return strf("invariant: the global batch is %lld micro-batches of %lld rows (world size %d x train.grad_accum %lld), "
               "their gradients added in one binary tree over the %lld indices (padded to %lld); rank %d holds micro-batches "
-              "[%lld, %lld), dropout seeded per global micro-batch; %s; optimizer state %.1f MB: %s of every weight%s",
+              "[%lld, %lld), dropout seeded per global micro-batch; %s; optimizer state %.1f MB: %s of %s",
               (long long)G, (long long)micro_batch_, world_, (long long)accum_, (long long)G, (long long)padded_leaves(G),
               rank_, (long long)(rank_ * accum_), (long long)((rank_ + 1) * accum_),
               world_ > 1 ? strf("the ranks' subtree sums all-gathered in %zu buckets (%.1f MB received per step; a ring "
@@ -138,7 +155,12 @@ std::string Invariant::describe(int64_t optimizer_bytes, const std::string& what
                                 buckets_.size(), grad_mb * (world_ - 1), grad_mb * 2 * (world_ - 1) / world_)
                                .c_str()
                          : "one rank",
-              optimizer_bytes / 1e6, what.c_str(), world_ > 1 ? ", on every rank" : "");
+              optimizer_bytes / 1e6, what.c_str(),
+              zero_ ? strf("%lld of %lld weights (dist.zero=1: its pieces of the %zu buckets), weights all-gathered after "
+                           "each update",
+                           (long long)zero_->owned_numel(), (long long)flat_.numel(), buckets_.size())
+                          .c_str()
+                    : world_ > 1 ? "every weight, on every rank" : "every weight");
 }
 
 ComponentState Invariant::State::state() const {

@@ -24,10 +24,12 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainer/parallel/parallel.h"
+#include "trainer/parallel/zero1.h"
 
 namespace lm {
 
@@ -54,10 +56,16 @@ class TreeSum {
 
 class Invariant : public Parallelism {
  public:
-  // Throws ConfigError naming train.grad_accum when it is not a power of two at world size > 1, and
-  // optim.free_grads when the gradients are not one flat buffer.
+  // Throws ConfigError naming train.grad_accum when it is not a power of two at world size > 1,
+  // optim.free_grads when the gradients are not one flat buffer, dist.zero when it is 2 or 3.
+  // dist.zero 1 at world size > 1: the optimizer state sharded as ZeRO-1 shards it (zero1.h: rank r
+  // steps its pieces of the gradient buckets, then gather_pieces); the tree's sums are whole on every
+  // rank, and AdamW updates each value alone, so the bits are the same.
   explicit Invariant(const ParallelInit& init);
   void start() override;
+  std::optional<std::vector<FlatRange>> optimizer_ranges() const override;
+  bool shards_optimizer() const override { return zero_.has_value(); }
+  void after_update() override;
   // Reseeds the default generators from (seed, step, global micro-batch index).
   void before_backward(const MicroStep& m) override;
   // The micro-batch's gradients into the stash (tree order), the flat buffer zeroed for the next.
@@ -86,6 +94,8 @@ class Invariant : public Parallelism {
   uint64_t seed_;
   int64_t accum_, micro_batch_;
   std::vector<FlatRange> buckets_;  // the all-gather's pieces (plan_buckets)
+  std::optional<ZeroLayout> zero_;  // dist.zero 1: the pieces of the optimizer state
+  bool nccl_ = false;
   TreeSum local_;
   State state_;
 };

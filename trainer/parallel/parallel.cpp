@@ -43,7 +43,13 @@ const std::vector<Strategy>& strategies() {
       {"invariant", [](const DistConfig& d, int, bool) { return d.invariant; },
        [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
          RankBytes b = replicated(d, n, opt, world, accum);
-         b.stage = strf("dist.invariant at %d ranks (every rank keeps all weights, gradients and optimizer state)", world);
+         if (d.zero == 1 && world > 1) {
+           b.optimizer = opt * n / world;
+           b.stage = strf("dist.invariant with dist.zero=1 at %d ranks (optimizer state 1/%d per rank, all weights and "
+                          "gradients)", world, world);
+         } else {
+           b.stage = strf("dist.invariant at %d ranks (every rank keeps all weights, gradients and optimizer state)", world);
+         }
          return b;
        },
        [](const ParallelInit& in) { return std::make_unique<Invariant>(in); }},

@@ -46,29 +46,28 @@ torch::Tensor Zero1::grad_norm(int64_t step) {
   return total.sqrt();
 }
 
-void Zero1::after_update() {
+void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch::Tensor& params) {
   torch::NoGradGuard ng;
-  auto& p = flat_.params();
   // In place, no scratch (not even one bucket's: on the CPU a freed buffer stays in the caching
-  // allocator). NCCL: each bucket's first world*s values all-gathered in place, the fewer than
-  // `world` left over broadcast by the last rank, which owns them. Gloo (no in-place all-gather):
-  // each piece broadcast by its owner into every rank's weights.
+  // allocator).
   std::vector<std::shared_ptr<Comm::Pending>> pending;
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const auto& bucket = layout_.buckets[b];
-    const int64_t s = layout_.piece_size(b), main = s * layout_.world;
-    if (nccl_) {
-      if (s > 0) pending.push_back(comm_.all_gather_in_place_async(p.narrow(0, bucket.offset, main)));
+  for (size_t b = 0; b < layout.buckets.size(); ++b) {
+    const auto& bucket = layout.buckets[b];
+    const int64_t s = layout.piece_size(b), main = s * layout.world;
+    if (nccl) {
+      if (s > 0) pending.push_back(comm.all_gather_in_place_async(params.narrow(0, bucket.offset, main)));
       if (main < bucket.numel)
-        pending.push_back(comm_.broadcast_async(p.narrow(0, bucket.offset + main, bucket.numel - main), layout_.world - 1));
+        pending.push_back(comm.broadcast_async(params.narrow(0, bucket.offset + main, bucket.numel - main), layout.world - 1));
       continue;
     }
-    for (int r = 0; r < layout_.world; ++r)
-      if (const auto piece = layout_.piece(b, r); piece.numel > 0)
-        pending.push_back(comm_.broadcast_async(p.narrow(0, piece.offset, piece.numel), r));
+    for (int r = 0; r < layout.world; ++r)
+      if (const auto piece = layout.piece(b, r); piece.numel > 0)
+        pending.push_back(comm.broadcast_async(params.narrow(0, piece.offset, piece.numel), r));
   }
-  for (auto& w : pending) comm_.wait(w, "all-gather of the updated weights");
+  for (auto& w : pending) comm.wait(w, "all-gather of the updated weights");
 }
+
+void Zero1::after_update() { gather_pieces(layout_, comm_, nccl_, flat_.params()); }
 
 GradSync::Reduce Zero1::reduce() {
   if (!reduce_scatter_) return nullptr;

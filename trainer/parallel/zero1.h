@@ -35,6 +35,11 @@ struct ZeroLayout {
   int64_t owned_numel() const;
 };
 
+// After each rank's optimizer updated its pieces of `params` (the flat weights): every rank's pieces
+// to every rank, in place, no scratch buffer (NCCL: an all-gather per bucket, the values left over
+// broadcast by the last rank; Gloo, which has no in-place all-gather: a broadcast per piece).
+void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch::Tensor& params);
+
 // ZeRO-1 on the parallelism seam: data parallelism whose optimizer owns this rank's pieces only.
 class Zero1 : public DataParallel {
  public:
