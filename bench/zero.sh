@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO's memory on CPU over Gloo, in one run: world sizes 1, 2 and 4 (build/bin/launch, one thread
-# per rank), dist.zero 0, 1 and 2 (ZEROS; a stage 3 is one more value there), the same model and
+# per rank), dist.zero 0, 1, 2 and 3 (ZEROS), the same model and
 # per-rank batch. Per rank: the bytes it keeps of the model state (weights 4N, gradients and
 # optimizer state as its start-up line says: "optimizer state N MB", ZeRO-2's "gradients N MB"),
 # the peak RSS of the whole process (/usr/bin/time's maximum resident set: weights, gradients,
@@ -13,7 +13,7 @@
 #        /usr/bin/time: Debian package time, launch/dev/deps.sh)
 #   env MODEL: trainer overrides for the model (default: the kjv data at d_model 768, 12 layers,
 #   ~85M weights, micro-batch 1 x 128: the weights, gradients and moments dominate the activations)
-#   env MICRO: train.micro_batch_size (default 1); env ZEROS: the stages (default "0 1 2"); env DATA:
+#   env MICRO: train.micro_batch_size (default 1); env ZEROS: the stages (default "0 1 2 3"); env DATA:
 #   the dataset (default shards/kjv); env BUCKET_MB: dist.bucket_mb (default 4: ZeRO-2 keeps up to
 #   three buckets beside its pieces while the backward runs, so the buckets must be small against
 #   the model for its saving to show; 25 MB buckets on a 100 MB model hide most of it)
@@ -41,7 +41,7 @@ WORK=$(mktemp -d /tmp/lmzero.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1
 read -r -a model <<< "${MODEL:-model.d_model=768 model.n_layer=12 model.n_head=12 model.seq_len=128}"
-read -r -a stages <<< "${ZEROS:-0 1 2}"
+read -r -a stages <<< "${ZEROS:-0 1 2 3}"
 args=(configs/kjv.yaml "data.train=$DATA" "${model[@]}" "train.max_steps=$STEPS" "train.micro_batch_size=${MICRO:-1}" "log.every_steps=$STEPS"
       "eval.batches=0" "checkpoint.every_steps=0" "train.threads=1" "log.tensorboard=false" "dist.backend=gloo" "dist.bucket_mb=${BUCKET_MB:-4}")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)

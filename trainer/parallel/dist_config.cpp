@@ -16,7 +16,7 @@ void describe_dist(config_schema::Schema& s, DistConfig& d) {
             "steps its pieces, the weights all-gathered; checkpoints hold one optimizer shard per rank and resume at "
             "any world size and dist.zero; 2 = ZeRO-2: as 1, and each rank also keeps the summed gradients of its "
             "pieces only (1/world_size of them; each bucket's full sums freed once reduced; with train.grad_accum > 1 "
-            "the micro-batches before the last still sum every gradient locally); 3 = ZeRO-3 (CPU): as 1, and each rank "
+            "the micro-batches before the last still sum every gradient locally); 3 = ZeRO-3 (CPU): as 2, and each rank "
             "also keeps only its pieces of the weights between steps, each block's (and the embeddings', final norm's "
             "and head's) gathered before its forward and backward and released after; 0 = every rank keeps them all (no "
             "effect at world size 1)", 0, 3);

@@ -69,12 +69,12 @@ const std::vector<Strategy>& strategies() {
        },
        [](const ParallelInit& in) { return std::make_unique<Zero2>(in); }, /*grad_pieces=*/true},
       {"zero3", [](const DistConfig& d, int world, bool) { return d.zero == 3 && world > 1; },
-       [](const DistConfig&, double n, double opt, int world, int64_t) {
-         return RankBytes{4 * n / world, 4 * n, opt * n / world,
-                          strf("dist.zero=3 at %d ranks (weights and optimizer state 1/%d per rank between steps, all "
-                               "gradients)", world, world)};
+       [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
+         return RankBytes{4 * n / world, zero2_grads(d, n, world, accum), opt * n / world,
+                          strf("dist.zero=3 at %d ranks (weights, gradients and optimizer state 1/%d per rank between "
+                               "steps%s)", world, world, accum > 1 ? ", all gradients between micro-batches (train.grad_accum > 1)" : "")};
        },
-       [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }},
+       [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }, /*grad_pieces=*/true},
       {"data_parallel", [](const DistConfig&, int, bool) { return true; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<DataParallel>(in); }},
   };

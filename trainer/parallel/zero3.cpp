@@ -45,7 +45,7 @@ void zero3_add_range(std::vector<FlatRange>& out, int64_t offset, int64_t numel)
 }  // namespace
 
 Zero3::Zero3(const ParallelInit& init)
-    : Zero1(init), lm_(dynamic_cast<LMImpl*>(&init.model)), measure_resident_(test_hooks().measure_weights_resident) {
+    : Zero2(init), lm_(dynamic_cast<LMImpl*>(&init.model)), measure_resident_(test_hooks().measure_weights_resident) {
   if (!lm_) throw ConfigError("key 'dist.zero': 3 shards the weights of a language model's units (blocks and the rest); this module is none");
   if (!flat_.params().is_cpu())
     throw ConfigError("key 'dist.zero': 3 runs on the CPU only for now (its released weights' pages are handed back "
@@ -124,7 +124,7 @@ Zero3::~Zero3() {
 }
 
 void Zero3::start() {
-  Zero1::start();  // rank 0's weights to every rank, the gradient buckets' hooks
+  Zero2::start();  // rank 0's weights to every rank, the gradient buckets' hooks
   std::map<std::string, torch::Tensor> by_name;
   for (auto& p : model_.named_parameters()) by_name[p.key()] = p.value();
   const auto& entries = flat_.entries();
@@ -214,7 +214,7 @@ void Zero3::grad_accumulated(size_t u) {
 }
 
 void Zero3::before_backward(const MicroStep& m) {
-  Zero1::before_backward(m);
+  Zero2::before_backward(m);
   if (whole_) {  // after a snapshot: wait until an async save has copied the weights
     if (fence_) fence_->before_write();
     whole_ = false;
@@ -225,7 +225,7 @@ void Zero3::before_backward(const MicroStep& m) {
 }
 
 void Zero3::after_backward(int64_t step) {
-  Zero1::after_backward(step);
+  Zero2::after_backward(step);
   for (size_t u = 0; u < units_.size(); ++u) release(u);  // units none of whose gradients came
   if (peak_gathered_ > logged_peak_) {
     logged_peak_ = peak_gathered_;
@@ -264,7 +264,7 @@ std::string Zero3::describe(int64_t optimizer_bytes, const std::string& what) co
               "%zu units (%zu blocks and the rest) gathered before their forward and backward and released after; ",
               layout().rank, (long long)layout().owned_numel(), (long long)flat_.numel(),
               (long long)(flat_.numel() * 4 - releasable), units_.size(), blocks_) +
-         Zero1::describe(optimizer_bytes, what);
+         Zero2::describe(optimizer_bytes, what);
 }
 
 }  // namespace lm

@@ -1,4 +1,4 @@
-// ZeRO-3 (dist.zero: 3), fully sharded weights on top of ZeRO-1 (zero1.h): between steps rank r
+// ZeRO-3 (dist.zero: 3), fully sharded weights on top of ZeRO-2 (zero2.h): between steps rank r
 // keeps only its pieces of the weights (ZeroLayout: its piece of every gradient bucket, the same
 // pieces its AdamW owns, so the optimizer steps them in place and nothing else moves after the
 // update). The model is cut into units (models/lm.h UnitHooks): each transformer block, and the rest
@@ -16,8 +16,10 @@
 // Pages shared with an owned piece or with another unit stay (at most two per range edge). CPU
 // only so far (CUDA would need the allocator's virtual memory mapping); a CUDA run is refused.
 //
-// Gradients as ZeRO-1 keeps them (the whole flat gradient buffer, every bucket all-reduced on Gloo:
-// the same sums and norm as plain data parallelism, bit for bit). Snapshots (checkpoints, the final
+// Gradients as ZeRO-2 keeps them (zero2.h: each bucket's sums reduced as the backward fills it, the
+// rank's pieces kept, the bucket freed; the norm streamed: the same sums and norm as plain data
+// parallelism, bit for bit), so between steps a rank keeps 1/W of the weights, the gradients and the
+// moments. Snapshots (checkpoints, the final
 // weights, evaluation) make the weights and the EMA (track_like_params) whole first: every piece
 // broadcast by its owner (a rank then holds all weights while it saves; per-piece saving is still to do).
 #pragma once
@@ -31,16 +33,16 @@
 
 #include "common/torch/compat.h"
 #include "models/lm.h"
-#include "trainer/parallel/zero1.h"
+#include "trainer/parallel/zero2.h"
 
 namespace lm {
 
-class Zero3 : public Zero1 {
+class Zero3 : public Zero2 {
  public:
   // Throws ConfigError (dist.zero) for a model that is not an LM, or on CUDA.
   explicit Zero3(const ParallelInit& init);
   ~Zero3() override;
-  // Zero1's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
+  // Zero2's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
   void start() override;
   void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;

@@ -1,4 +1,4 @@
-// ZeRO-3 (dist.zero: 3) in real Gloo groups of trainer processes: the same per-step losses,
+// ZeRO-3 (dist.zero: 3, on top of ZeRO-2's gradient pieces) in real Gloo groups of trainer processes: the same per-step losses,
 // gradient norms, final weights and EMA as plain data parallelism (dist.zero: 0) at the same world
 // size, GPT and Llama, with dropout, clipping, gradient accumulation and activation checkpointing;
 // and no rank holding all weights at once during the steps.
@@ -43,6 +43,9 @@ class Zero3E2E : public ::testing::Test, protected test::GroupRun {
     test::expect_same_ema(plain.path(), zero.path(), steps);
     const std::string log1 = test::read_text(zero / "logs/rank_1.log");
     EXPECT_NE(log1.find("zero-3: rank 1 keeps"), std::string::npos) << log1;
+    // The gradients in pieces as ZeRO-2 keeps them (no whole gradient buffer), the norm streamed.
+    EXPECT_NE(log1.find("zero-2: rank 1 keeps the summed gradients and"), std::string::npos) << log1;
+    EXPECT_NE(log1.find("norm streamed bucket by bucket"), std::string::npos) << log1;
   }
 };
 

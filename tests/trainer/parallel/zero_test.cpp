@@ -71,6 +71,24 @@ TEST(Parallelism, ZeroTwoKeepsItsPiecesOfTheGradients) {
   EXPECT_DOUBLE_EQ(rank_bytes(z2, 1, n, adamw).grads, 4 * n);
 }
 
+// ZeRO-3's row: its pieces of the weights, of the gradients (ZeRO-2's, buckets in flight beside
+// them) and of the optimizer state: about 16N/W of model state per rank.
+TEST(Parallelism, ZeroThreeKeepsItsPiecesOfWeightsGradientsAndMoments) {
+  const double n = 4e7, adamw = 8;
+  DistConfig z3;
+  z3.zero = 3;
+  z3.bucket_mb = 1;
+  for (int world : {2, 4}) {
+    const RankBytes b = rank_bytes(z3, world, n, adamw);
+    EXPECT_DOUBLE_EQ(b.weights, 4 * n / world);
+    EXPECT_DOUBLE_EQ(b.grads, 4 * n / world + (Zero2::kInFlight + 1) * 1e6) << "world " << world;
+    EXPECT_DOUBLE_EQ(b.optimizer, 8 * n / world);
+    EXPECT_NE(b.stage.find("dist.zero=3 at " + std::to_string(world) + " ranks (weights, gradients and optimizer"),
+              std::string::npos) << b.stage;
+    EXPECT_TRUE(grads_in_pieces(z3, world, true));
+  }
+}
+
 // The memory check counts each stage, and a config that cannot fit is refused in one line naming
 // the stage that would not fit.
 TEST(Parallelism, TheMemoryCheckCountsEachStageAndNamesIt) {
