@@ -319,7 +319,7 @@ TEST(Report, OverlayOfThreeRuns) {
   EXPECT_EQ(runs.find("<th class=\"cfg\">run.<wbr>dir</th>"), std::string::npos);
   // The invariant run is marked under its name, its ranks' blocks in the title; the others (another
   // strategy, a meta.json without "parallelism") are not. Checked to fail with the mark left out of
-  // run_row and with it shown for every strategy.
+  // run_row.
   const auto rows = between(runs, "<tr><td class=\"name\"", "</tr>");
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_NE(rows[1].find(">world-size invariant: 8 micro-batches in one tree</span>"), std::string::npos) << rows[1];

@@ -96,8 +96,7 @@ TEST(TreeSum, TheTablePicksInvariantAndItsLineSaysTheTreeAndTheDeal) {
   EXPECT_EQ(s.item<double>(), 7.75);
   // meta.json's record (Parallelism::record): G, the tree's padded leaves, each rank's block of the
   // global micro-batches (data::step_block, the loader's deal), how the ranks' sums meet. Checked to
-  // fail with step_block's first shifted by one (the deal and the start-up line) and with the leaves
-  // not padded.
+  // fail with the leaves not padded (Invariant::record).
   const auto one = par->record();
   EXPECT_EQ(one["strategy"], "invariant");
   EXPECT_EQ(one["global_micro_batches"], 8);
@@ -194,7 +193,7 @@ TEST_F(InvariantE2E, WorldSizes1248GiveTheSameBits) {
     EXPECT_EQ(got, loss_and_norm(one)) << "world " << world;
     EXPECT_TRUE(test::read_text(dir + "/model.safetensors") == test::read_text(one + "/model.safetensors")) << "world " << world;
     expect_same_state(one, dir, 4, "world " + std::to_string(world));
-    // meta.json records the strategy and the deal (Checked to fail with the record left out of RunFacts.)
+    // meta.json records the strategy and the deal (the unit test above checks the record's values).
     const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
     EXPECT_EQ(par["strategy"], "invariant") << par;
     EXPECT_EQ(par["global_micro_batches"], 8) << par;
@@ -277,8 +276,7 @@ TEST_F(InvariantE2E, AChainCutAcrossWorldSizesEqualsTheUncutRun) {
 // micro-batches, each rank's block [r*A, (r+1)*A) (the trainer's deal, data::step_block), which
 // global micro-batch each rank's rows of --batch are, and those rows the same samples as that global
 // micro-batch at any world size (the loader's step blocks). Checked to fail with data-inspect's
-// loader built without step_blocks (the rows of world 2 differ from world 1's) and with
-// step_block's first shifted by one.
+// loader built without step_blocks (the rows of world 2 differ from world 1's).
 TEST_F(InvariantE2E, DataInspectShowsEachRanksGlobalMicroBatches) {
   auto inspect = [&](int world, int accum, int batch) {
     auto r = test::run_bin("data-inspect", {"--config", test::source_path("configs/tiny.yaml"), "--set", "data.train=" + data_,

@@ -68,12 +68,13 @@ TEST_F(TelemetryE2E, MetaJsonRecordsHowToReproduceAndHowItEnded) {
 
 // dist.invariant: meta.json's parallelism holds the global batch in micro-batches, the tree's padded
 // leaves and each rank's block of the global micro-batches (here one rank: all of them). Checked to
-// fail with the record left out of RunFacts and with Invariant::record's tree_leaves not padded.
+// fail with the record left out of RunFacts.
 TEST_F(TelemetryE2E, MetaJsonRecordsTheInvariantDeal) {
   TempDir run;
   auto r = train(run.path(), {"train.max_steps=2", "dist.invariant=true", "train.grad_accum=3", "train.micro_batch_size=2"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto p = read_json(run / "meta.json")["parallelism"];
+  ASSERT_TRUE(p.is_object()) << p;
   EXPECT_EQ(p["strategy"], "invariant") << p;
   EXPECT_EQ(p["world_size"], 1) << p;
   EXPECT_EQ(p["global_micro_batches"], 3) << p;
