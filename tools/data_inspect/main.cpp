@@ -66,7 +66,7 @@ nlohmann::json batch_json(const ExperimentConfig& cfg, const data::TrainData& d,
   nlohmann::json ranks = nlohmann::json::array(), tokens = nlohmann::json::object();
   const int64_t accum = cfg.train.grad_accum;
   const bool invariant = cfg.dist.invariant;
-  const auto k = static_cast<int64_t>(index % static_cast<uint64_t>(accum));  // the rank's k-th micro-batch of its step
+  const auto in_step = static_cast<int64_t>(index % static_cast<uint64_t>(accum));  // each rank's micro-batch of its step
   for (int r = 0; r < world; ++r) {
     auto l = std::make_unique<data::Loader>(cfg.data, m, "train", cfg.model.seq_len, cfg.train.micro_batch_size, r,
                                             world, static_cast<uint64_t>(cfg.run.seed), accum,
@@ -85,7 +85,7 @@ nlohmann::json batch_json(const ExperimentConfig& cfg, const data::TrainData& d,
     if (invariant) {
       const data::StepBlock block = data::step_block(r, accum);
       entry["micro_batches"] = {block.first, block.last};
-      entry["micro_batch"] = block.at(k);
+      entry["micro_batch"] = block.at(in_step);
     }
     ranks.push_back(entry);
     for (size_t s = 0; s < b.source_tokens.size(); ++s) tokens[names[s]] = b.source_tokens[s];
