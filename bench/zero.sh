@@ -80,7 +80,9 @@ for world in (1, 2, 4):
             # The weights from the model line (4 bytes each); the gradients kept: ZeRO-2's line, else all of them.
             n = int(re.search(r"model: \S+, ([0-9]+) parameters", text).group(1))
             g = [float(x) for x in re.findall(r"gradients ([0-9.]+) MB of", text)]
-            grads.append(max(g) if g else 4 * n / 1e6); weights.append(4 * n / 1e6)
+            # ZeRO-3 keeps its pieces of the weights between steps: "zero-3: rank R keeps K of N weights".
+            w3 = [int(k) for k in re.findall(r"zero-3: rank [0-9]+ keeps ([0-9]+) of [0-9]+ weights", text)]
+            grads.append(max(g) if g else 4 * n / 1e6); weights.append(4 * max(w3) / 1e6 if w3 else 4 * n / 1e6)
             rss = [int(open(f).read().split()[-1]) / 1024 for f in sorted(glob.glob(f"{d}/rss.*"))]
             summ = json.load(open(f"{d}/run/summary.json"))
             state.append(max(s) if s else None)
@@ -95,7 +97,7 @@ for world in (1, 2, 4):
                                "ranks_measured": min(ranks), "last_loss": loss[0], "last_loss_rounds_equal": len(set(loss)) == 1,
                                "tokens_per_s": med(toks), "tokens_per_s_rounds": toks}
 print(f"zero.sh: {steps} steps, one thread per rank, {rounds} rounds alternated, medians; optimizer state and "
-      "gradients from each rank's start-up line (weights 4N, gradients 4N unless sharded), peak RSS of each rank's "
+      "gradients from each rank's start-up line (weights 4N, gradients 4N unless sharded; ZeRO-3's weights kept between steps), peak RSS of each rank's "
       "whole process (start-up to exit); ratios over dist.zero=0 at the same world size")
 print(f"machine: {cpu}, {os.cpu_count()} cores; load average {load_before} before, {load_after} after")
 print("| world | dist.zero | weights MB/rank | gradients MB/rank | optimizer state MB/rank | kept MB/rank | ratio "

@@ -122,7 +122,7 @@ class Trainer {
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
     telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_,
                                gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token,
-                               schedule_.record()}, resumed);
+                               schedule_.record(), m_.parallel->record()}, resumed);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
     ckpt_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
     stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints

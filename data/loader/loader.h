@@ -82,6 +82,19 @@
 
 namespace lm::data {
 
+// The step blocks' deal (dist.invariant; the Loader's step_blocks): a step's W x per_rank global
+// micro-batches are dealt to the ranks in contiguous blocks, rank r holding [r*per_rank,
+// (r+1)*per_rank) and its k-th micro-batch of the step being global micro-batch first + k. The one
+// definition of the deal: the planner, the invariant strategy's dropout seeds and its meta.json
+// record (trainer/parallel/invariant.h), and data-inspect read it here.
+struct StepBlock {
+  int64_t first = 0, last = 0;  // [first, last)
+  int64_t at(int64_t k) const { return first + k; }
+};
+inline StepBlock step_block(int rank, int64_t per_rank) {
+  return {static_cast<int64_t>(rank) * per_rank, (static_cast<int64_t>(rank) + 1) * per_rank};
+}
+
 // Where a row's sample starts: shard index in the manifest's `shards`, document in that shard, token
 // offset in the document (== its length: the sample starts at the document's EOS).
 struct SampleOrigin {

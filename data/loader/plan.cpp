@@ -289,7 +289,8 @@ void Planner::next_packed(Plan& p) {
   if (step_block_ > 0) {  // contiguous blocks: batch k of the step is global micro-batch rank*A + k
     const uint64_t WB = static_cast<uint64_t>(world_ * B_), A = static_cast<uint64_t>(step_block_);
     const uint64_t k = (cursor_ - step_anchor_) / WB % A;
-    first = cursor_ - k * WB + (static_cast<uint64_t>(rank_) * A + k) * static_cast<uint64_t>(B_);
+    const auto global = static_cast<uint64_t>(step_block(rank_, step_block_).at(static_cast<int64_t>(k)));
+    first = cursor_ - k * WB + global * static_cast<uint64_t>(B_);
   }
   int64_t tokens = 0;
   for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) p.rows.push_back(sample(i, p, &tokens));

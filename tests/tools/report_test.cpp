@@ -51,6 +51,7 @@ struct FakeRun {
   bool meta = true;         // write meta.json
   std::string hostname = "testhost";
   std::string extra;        // appended to metrics.jsonl as is
+  nlohmann::ordered_json parallelism;  // meta.json's "parallelism" (null: left out, as older trainers wrote it)
 };
 
 double fake_loss(int step) { return 2.0 + 3.5 * std::exp(-step / 40.0); }
@@ -102,6 +103,7 @@ std::string make_run(const TempDir& t, const std::string& name, const FakeRun& f
         {"status", "completed"},
         {"exit_code", 0},
         {"attempts", nlohmann::ordered_json::array({{{"start_time", "2026-11-30T01:00:00Z"}, {"status", "failed"}, {"exit_code", 1}}})}};
+    if (!f.parallelism.is_null()) meta["parallelism"] = f.parallelism;
     write_text(dir + "/meta.json", meta.dump(1) + "\n");
   }
   return dir;
@@ -260,6 +262,11 @@ TEST(Report, OverlayOfThreeRuns) {
   c.val_every = 0;  // no validation in c
   c.steps = 150;
   c.hostname = "otherhost";
+  // b is world-size invariant (meta.json's parallelism); c plain data parallel; a an older meta.json
+  // without the key.
+  b.parallelism = {{"strategy", "invariant"}, {"world_size", 2}, {"global_micro_batches", 8}, {"micro_batch_size", 4},
+                   {"tree_leaves", 8}, {"deal", {{0, 4}, {4, 8}}}, {"combine", "all-gather"}};
+  c.parallelism = {{"strategy", "data_parallel"}, {"world_size", 2}};
   const std::vector<std::string> dirs = {make_run(t, "lr3e-3", a), make_run(t, "lr1e-3", b), make_run(t, "noval", c)};
   const std::string h = report(dirs, t / "overlay.html");
   expect_self_contained(h);
@@ -310,6 +317,18 @@ TEST(Report, OverlayOfThreeRuns) {
   const std::string runs = section_of(h, "runs");
   EXPECT_NE(runs.find("<th class=\"cfg\">optim.<wbr>lr</th>"), std::string::npos);
   EXPECT_EQ(runs.find("<th class=\"cfg\">run.<wbr>dir</th>"), std::string::npos);
+  // The invariant run is marked under its name, its ranks' blocks in the title; the others (another
+  // strategy, a meta.json without "parallelism") are not. Checked to fail with the mark left out of
+  // run_row.
+  const auto rows = between(runs, "<tr><td class=\"name\"", "</tr>");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_NE(rows[1].find(">world-size invariant: 8 micro-batches in one tree</span>"), std::string::npos) << rows[1];
+  EXPECT_NE(rows[1].find("title=\"rank 0 holds [0, 4); rank 1 holds [4, 8)\""), std::string::npos) << rows[1];
+  EXPECT_EQ(rows[0].find("invariant"), std::string::npos) << rows[0];
+  EXPECT_EQ(rows[2].find("invariant"), std::string::npos) << rows[2];
+  EXPECT_EQ(count(h, "world-size invariant"), 1u);
+  EXPECT_NE(row_of(meta, "parallelism.strategy").find("<td class=\"chg\">invariant</td>"), std::string::npos)
+      << row_of(meta, "parallelism.strategy");
 }
 
 TEST(Report, RunWithoutMetaDiffersInNothing) {

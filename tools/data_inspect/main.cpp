@@ -9,7 +9,11 @@
 //   batch    (unless --mixture) global micro-batch N (0-based; step N / train.grad_accum) as the
 //            trainer with W ranks reads it: per rank, per row the source, shard (index and file),
 //            document index and token offset where the row starts, and its target tokens; and
-//            the global batch's target tokens per source.
+//            the global batch's target tokens per source. With dist.invariant (the loader's step
+//            blocks, as the trainer reads them): "invariant", the step's G = W x train.grad_accum
+//            global micro-batches of train.micro_batch_size rows and their deal, per rank its
+//            [first, last) (data::step_block, the trainer's deal); each rank's entry says its block
+//            ("micro_batches") and which global micro-batch of the step its rows are ("micro_batch").
 // Exit codes: 0; 2 with one line for a bad config, data or command line.
 #include <CLI/CLI.hpp>
 
@@ -60,9 +64,13 @@ nlohmann::json batch_json(const ExperimentConfig& cfg, const data::TrainData& d,
   const auto& names = d.names;
   const auto& m = d.sources;
   nlohmann::json ranks = nlohmann::json::array(), tokens = nlohmann::json::object();
+  const int64_t accum = cfg.train.grad_accum;
+  const bool invariant = cfg.dist.invariant;
+  const auto in_step = static_cast<int64_t>(index % static_cast<uint64_t>(accum));  // each rank's micro-batch of its step
   for (int r = 0; r < world; ++r) {
     auto l = std::make_unique<data::Loader>(cfg.data, m, "train", cfg.model.seq_len, cfg.train.micro_batch_size, r,
-                                            world, static_cast<uint64_t>(cfg.run.seed), cfg.train.grad_accum);
+                                            world, static_cast<uint64_t>(cfg.run.seed), accum,
+                                            /*step_blocks=*/invariant);
     data::Batch b;
     for (uint64_t k = 0; k <= index; ++k) b = l->next();
     nlohmann::json rows = nlohmann::json::array();
@@ -73,11 +81,27 @@ nlohmann::json batch_json(const ExperimentConfig& cfg, const data::TrainData& d,
       rows.push_back({{"source", names[o.source]}, {"shard", o.shard}, {"shard_file", m[o.source].shards.at(o.shard).file},
                       {"doc", o.doc}, {"offset", o.offset}, {"target_tokens", targets}});
     }
-    ranks.push_back({{"rank", r}, {"epoch", b.epoch}, {"rows", rows}});
+    nlohmann::json entry = {{"rank", r}, {"epoch", b.epoch}, {"rows", rows}};
+    if (invariant) {
+      const data::StepBlock block = data::step_block(r, accum);
+      entry["micro_batches"] = {block.first, block.last};
+      entry["micro_batch"] = block.at(in_step);
+    }
+    ranks.push_back(entry);
     for (size_t s = 0; s < b.source_tokens.size(); ++s) tokens[names[s]] = b.source_tokens[s];
   }
-  return {{"index", index}, {"step", index / static_cast<uint64_t>(cfg.train.grad_accum)}, {"world_size", world},
-          {"source_tokens", tokens}, {"ranks", ranks}};
+  nlohmann::json out = {{"index", index}, {"step", index / static_cast<uint64_t>(accum)}, {"world_size", world},
+                        {"source_tokens", tokens}, {"ranks", ranks}};
+  if (invariant) {
+    nlohmann::json deal = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      const data::StepBlock block = data::step_block(r, accum);
+      deal.push_back({block.first, block.last});
+    }
+    out["invariant"] = {{"global_micro_batches", static_cast<int64_t>(world) * accum},
+                        {"micro_batch_size", cfg.train.micro_batch_size}, {"deal", deal}};
+  }
+  return out;
 }
 
 int run(int argc, char** argv) {

@@ -168,6 +168,28 @@ std::string speed_cells(const Run& r) {
   return s;
 }
 
+// Under the run's name: "world-size invariant: G micro-batches in one tree" when meta.json's
+// parallelism.strategy is "invariant" (dist.invariant), each rank's block of them in its title; ""
+// otherwise (other strategies, and meta.json written before it recorded the parallelism).
+std::string invariant_mark(const Run& r) {
+  if (!r.has_meta) return "";
+  const auto p = r.meta_json.find("parallelism");
+  if (p == r.meta_json.end() || !p->is_object()) return "";
+  const auto s = p->find("strategy");
+  if (s == p->end() || !s->is_string() || s->get<std::string>() != "invariant") return "";
+  std::string text = "world-size invariant", title;
+  if (const auto g = p->find("global_micro_batches"); g != p->end() && g->is_number_integer())
+    text += strf(": %lld micro-batches in one tree", g->get<long long>());
+  if (const auto d = p->find("deal"); d != p->end() && d->is_array())
+    for (size_t k = 0; k < d->size(); ++k) {
+      const json& b = (*d)[k];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer()) continue;
+      title += strf("%srank %zu holds [%lld, %lld)", title.empty() ? "" : "; ", k, b[0].get<long long>(), b[1].get<long long>());
+    }
+  return "<br><span class=\"dim inv\"" + (title.empty() ? std::string() : " title=\"" + esc(title) + "\"") + ">" +
+         esc(text) + "</span>";
+}
+
 // Run i's row of the runs table.
 std::string run_row(const Run& r, size_t i, const std::vector<std::string>& diff_cols) {
   const Point* lastp = last_point(r, rec::kLoss) ? last_point(r, rec::kLoss) : last_point(r, rec::kLr);
@@ -180,7 +202,8 @@ std::string run_row(const Run& r, size_t i, const std::vector<std::string>& diff
   int resumes = 0, anomalies = 0;
   for (auto& e : r.events) (e.kind == rec::kResume ? resumes : anomalies)++;
 
-  std::string s = "<tr><td class=\"name\" title=\"" + esc(r.dir) + "\">" + swatch(palette(i), 0) + esc(r.name) + "</td>";
+  std::string s = "<tr><td class=\"name\" title=\"" + esc(r.dir) + "\">" + swatch(palette(i), 0) + esc(r.name) +
+                  invariant_mark(r) + "</td>";
   s += "<td>" + esc(run_status(r, lastp, max_steps)) + "</td><td class=\"n\">" + steps + "</td><td class=\"n\">" + tokens +
        "</td>" + loss_cells(r) + speed_cells(r) + checkpoint_cell(r);
   s += "<td class=\"n\">" + std::to_string(resumes) + " <span class=\"dim\">/</span> " +

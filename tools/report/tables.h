@@ -1,5 +1,5 @@
 // The report's tables: the runs table (one row per run: status, steps, losses, throughput,
-// checkpoints, the config keys that differ), the events table (resumes, anomalies) and the config
+// checkpoints, the config keys that differ; a dist.invariant run marked under its name), the events table (resumes, anomalies) and the config
 // and meta tables (runs side by side, differing rows highlighted). Torch-free.
 #pragma once
 

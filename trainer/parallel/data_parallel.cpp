@@ -21,6 +21,10 @@ void DataParallel::start() {
                  bucket_mb_));
 }
 
+nlohmann::json DataParallel::record() const {
+  return {{"strategy", name()}, {"world_size", world_}, {"bucket_mb", bucket_mb_}, {"reduce", reduce_name()}};
+}
+
 std::string DataParallel::describe(int64_t optimizer_bytes, const std::string& what) const {
   return strf("optimizer state %.1f MB: %s of every weight%s", optimizer_bytes / 1e6, what.c_str(),
               world_ > 1 ? ", on every rank (dist.zero: 1 shards them)" : "");

@@ -15,6 +15,7 @@ class SingleProcess : public Parallelism {
  public:
   explicit SingleProcess(const ParallelInit&) {}
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "single"; }
 };
 
 class DataParallel : public Parallelism {
@@ -26,6 +27,9 @@ class DataParallel : public Parallelism {
   void before_backward(const MicroStep& m) override { sync_->begin(m.last()); }
   void after_backward(int64_t step) override { sync_->finish(step); }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "data_parallel"; }
+  // {"strategy", "world_size", "bucket_mb", "reduce": what a full bucket's reduction is}.
+  nlohmann::json record() const override;
 
  protected:
   // What a full bucket's reduction is (GradSync::Reduce; nullptr: all-reduced) and its name.

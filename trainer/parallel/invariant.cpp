@@ -4,6 +4,7 @@
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "data/loader/loader.h"
 #include "trainer/parallel/grad_sync.h"
 
 namespace lm {
@@ -102,7 +103,9 @@ void Invariant::start() {
 }
 
 void Invariant::before_backward(const MicroStep& m) {
-  const uint64_t ints[4] = {seed_, static_cast<uint64_t>(m.step), static_cast<uint64_t>(rank_ * m.count + m.index),
+  // The micro-batch's global index: the loader's deal (the same block the loader gives this rank).
+  const auto global = static_cast<uint64_t>(data::step_block(rank_, m.count).at(m.index));
+  const uint64_t ints[4] = {seed_, static_cast<uint64_t>(m.step), global,
                             0x1D5EEDull};  // the last: salt, a stream apart from the init's
   torch::manual_seed(xxh64(ints, sizeof ints));
 }
@@ -142,14 +145,32 @@ torch::Tensor Invariant::sum_losses(const std::vector<torch::Tensor>& losses) co
   return root.defined() ? root : torch::zeros({}, torch::kDouble);
 }
 
+nlohmann::json Invariant::record() const {
+  nlohmann::json deal = nlohmann::json::array();
+  for (int r = 0; r < world_; ++r) {
+    const auto b = data::step_block(r, accum_);
+    deal.push_back({b.first, b.last});
+  }
+  nlohmann::json j = {{"strategy", name()},
+                      {"world_size", world_},
+                      {"global_micro_batches", global_micro_batches()},
+                      {"micro_batch_size", micro_batch_},
+                      {"tree_leaves", padded_leaves(global_micro_batches())},
+                      {"deal", deal},
+                      {"combine", world_ > 1 ? "all-gather" : "none"}};
+  if (zero_) j["sharded"] = {"optimizer_state"};  // dist.zero 1: as zero1 records it
+  return j;
+}
+
 std::string Invariant::describe(int64_t optimizer_bytes, const std::string& what) const {
   const int64_t G = global_micro_batches();
+  const auto mine = data::step_block(rank_, accum_);
   const double grad_mb = static_cast<double>(flat_.numel()) * 4 / 1e6;
   return strf("invariant: the global batch is %lld micro-batches of %lld rows (world size %d x train.grad_accum %lld), "
               "their gradients added in one binary tree over the %lld indices (padded to %lld); rank %d holds micro-batches "
               "[%lld, %lld), dropout seeded per global micro-batch; %s; optimizer state %.1f MB: %s of %s",
               (long long)G, (long long)micro_batch_, world_, (long long)accum_, (long long)G, (long long)padded_leaves(G),
-              rank_, (long long)(rank_ * accum_), (long long)((rank_ + 1) * accum_),
+              rank_, (long long)mine.first, (long long)mine.last,
               world_ > 1 ? strf("the ranks' subtree sums all-gathered in %zu buckets (%.1f MB received per step; a ring "
                                 "all-reduce: %.1f MB) and added in the same tree",
                                 buckets_.size(), grad_mb * (world_ - 1), grad_mb * 2 * (world_ - 1) / world_)

@@ -76,6 +76,11 @@ class Invariant : public Parallelism {
   torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override;
   Stateful* checkpointed() override { return &state_; }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "invariant"; }
+  // {"strategy", "world_size", "global_micro_batches" G, "micro_batch_size", "tree_leaves" (G padded
+  // to a power of two), "deal" (per rank its [first, last) of the global micro-batch indices:
+  // data::step_block), "combine" (how the ranks' subtree sums meet: "all-gather"; one rank: "none")}.
+  nlohmann::json record() const override;
 
   // The global batch in micro-batches (world size x grad_accum).
   int64_t global_micro_batches() const { return accum_ * world_; }

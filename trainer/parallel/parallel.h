@@ -8,13 +8,15 @@
 //     add up on a rank (sum_losses);
 //   - the global gradient norm (grad_norm) and what follows the optimizer's update (after_update);
 //   - the bytes a rank keeps, for the memory check before anything is built (rank_bytes);
-//   - its start-up line (describe).
+//   - its start-up line (describe) and what meta.json records of it (name, record).
 //
 // Adding one (ZeRO-2/3, tensor parallelism): a class implementing Parallelism in its own files here
 // and a row in the table in parallel.cpp (when it applies, the bytes it keeps, how it is made).
 #pragma once
 
 #include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -76,6 +78,11 @@ class Parallelism {
   virtual Stateful* checkpointed() { return nullptr; }
   // The start-up line: what a rank keeps. optimizer_bytes/what: the optimizer's state on this rank.
   virtual std::string describe(int64_t optimizer_bytes, const std::string& what) const = 0;
+  // The strategy's name, its row in parallel.cpp's table ("invariant", "single", "data_parallel",
+  // "zero1", "zero2", "zero3").
+  virtual std::string name() const = 0;
+  // meta.json's "parallelism": {"strategy": name()} and the strategy's facts (the same on every rank).
+  virtual nlohmann::json record() const { return {{"strategy", name()}}; }
 };
 
 // What a strategy is made from; each outlives it.

@@ -58,6 +58,13 @@ class Zero1 : public DataParallel {
   // (NCCL: an all-gather per bucket; Gloo: a broadcast per piece), no scratch buffer.
   void after_update() override;
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "zero1"; }
+  // DataParallel's record and "sharded": what each rank keeps only its pieces of.
+  nlohmann::json record() const override {
+    auto j = DataParallel::record();
+    j["sharded"] = {"optimizer_state"};
+    return j;
+  }
 
  protected:
   // ZeRO-1's bucket: the first world*s values reduce-scattered in place (rank r's sums land on its

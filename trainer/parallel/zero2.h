@@ -46,6 +46,12 @@ class Zero2 : public Zero1 {
   void after_backward(int64_t step) override;
   torch::Tensor grad_norm(int64_t step) override;
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "zero2"; }
+  nlohmann::json record() const override {
+    auto j = Zero1::record();
+    j["sharded"].push_back("gradients");
+    return j;
+  }
 
  protected:
   GradSync::Reduce reduce() override;

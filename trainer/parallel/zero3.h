@@ -51,6 +51,12 @@ class Zero3 : public Zero2 {
   void before_snapshot() override;
   void set_fence(WriteFence* f) override { fence_ = f; }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
+  std::string name() const override { return "zero3"; }
+  nlohmann::json record() const override {
+    auto j = Zero1::record();
+    j["sharded"].push_back("weights");
+    return j;
+  }
 
   // The model's unit hooks (models/lm.h), through an adapter the model holds.
   void unit_before_forward(size_t unit);

@@ -151,6 +151,7 @@ nlohmann::json describe_run(const RunFacts& f) {
           {"numerics", numerics_info()},
           {"world_size", f.world_size},
           {"launch", f.launch},
+          {"parallelism", f.parallelism},
           {"model", {{"params", f.params}, {"flops_per_token", f.flops_per_token}}},
           {"schedule", f.schedule}};
 }

@@ -24,8 +24,10 @@ struct RunFacts {
   int64_t params = 0;
   double flops_per_token = 0;
   nlohmann::json schedule;   // the learning-rate schedule (LrSchedule::record())
+  nlohmann::json parallelism;  // the parallelism strategy and its facts (Parallelism::record())
 };
-// meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, model, schedule.
+// meta.json's facts: code, command, cwd, config, data, host, GPU, LibTorch, world, parallelism,
+// model, schedule.
 nlohmann::json describe_run(const RunFacts& f);
 // nvidia-smi's view of the GPUs into RUN_DIR/logs/nvidia-smi_<when>.rank<r>.txt (call on CUDA only).
 void nvidia_smi_snapshot(const std::string& run_dir, const std::string& when, int rank);

@@ -102,6 +102,30 @@ TEST(TreeSum, TheTablePicksInvariantAndItsLineSaysTheTreeAndTheDeal) {
   auto s = par->sum_losses({torch::tensor(1.5f), torch::tensor(2.25f), torch::tensor(4.0f)});
   EXPECT_EQ(s.scalar_type(), torch::kDouble);
   EXPECT_EQ(s.item<double>(), 7.75);
+  // meta.json's record (Parallelism::record): G, the tree's padded leaves, each rank's block of the
+  // global micro-batches (data::step_block, the loader's deal), how the ranks' sums meet. Checked to
+  // fail with the leaves not padded (Invariant::record).
+  const auto one = par->record();
+  EXPECT_EQ(one["strategy"], "invariant");
+  EXPECT_EQ(one["global_micro_batches"], 8);
+  EXPECT_EQ(one["micro_batch_size"], 2);
+  EXPECT_EQ(one["tree_leaves"], 8);
+  EXPECT_EQ(one["deal"], nlohmann::json::parse("[[0, 8]]"));
+  EXPECT_EQ(one["combine"], "none");
+  auto odd = make_parallelism({dist, nullptr, flat, *lin, 0, 1, 1337, 3, 2})->record();  // one rank: any accum
+  EXPECT_EQ(odd["global_micro_batches"], 3);
+  EXPECT_EQ(odd["tree_leaves"], 4);
+  auto four = make_parallelism({dist, nullptr, flat, *lin, 1, 4, 1337, 2, 2});  // rank 1 of 4 (no group needed here)
+  const auto rec = four->record();
+  EXPECT_EQ(rec["world_size"], 4);
+  EXPECT_EQ(rec["global_micro_batches"], 8);
+  EXPECT_EQ(rec["deal"], nlohmann::json::parse("[[0, 2], [2, 4], [4, 6], [6, 8]]"));
+  EXPECT_EQ(rec["combine"], "all-gather");
+  const std::string line4 = four->describe(120, "the AdamW moments");
+  EXPECT_NE(line4.find("rank 1 holds micro-batches [2, 4)"), std::string::npos) << line4;
+  // Other strategies record their name.
+  EXPECT_EQ(make_parallelism({DistConfig{}, nullptr, flat, *lin, 0, 1, 1337, 1, 2})->record(),
+            nlohmann::json::parse(R"({"strategy": "single"})"));
 }
 
 // ---- real Gloo groups of trainers ---------------------------------------------------------------
@@ -134,6 +158,12 @@ TEST_F(InvariantE2E, WorldSizes1248GiveTheSameBits) {
     EXPECT_EQ(got, loss_and_norm(one)) << "world " << world;
     EXPECT_TRUE(test::read_text(dir + "/model.safetensors") == test::read_text(one + "/model.safetensors")) << "world " << world;
     expect_same_state(one, dir, 4, "world " + std::to_string(world));
+    // meta.json records the strategy and the deal (the unit test above checks the record's values).
+    const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
+    EXPECT_EQ(par["strategy"], "invariant") << par;
+    EXPECT_EQ(par["global_micro_batches"], 8) << par;
+    EXPECT_EQ(par["deal"].size(), static_cast<size_t>(world)) << par;
+    EXPECT_EQ(par["deal"][1], nlohmann::json::array({accum, 2 * accum})) << par;
     const std::string log = test::read_text(dir + "/logs/rank_1.log");
     EXPECT_NE(log.find("rank 1 holds micro-batches [" + std::to_string(accum) + ", " + std::to_string(2 * accum) + ")"),
               std::string::npos)
@@ -288,6 +318,41 @@ TEST(InvariantKernels, DeterministicSettingsAreSetAndNamed) {
   ctx.setDeterministicAlgorithms(false, false);
   ctx.setDeterministicCuDNN(false);
   if (!had_env) ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+}
+
+// data-inspect --world-size W on a dist.invariant config: the step's G = W x grad_accum global
+// micro-batches, each rank's block [r*A, (r+1)*A) (the trainer's deal, data::step_block), which
+// global micro-batch each rank's rows of --batch are, and those rows the same samples as that global
+// micro-batch at any world size (the loader's step blocks). Checked to fail with data-inspect's
+// loader built without step_blocks (the rows of world 2 differ from world 1's).
+TEST_F(InvariantE2E, DataInspectShowsEachRanksGlobalMicroBatches) {
+  auto inspect = [&](int world, int accum, int batch) {
+    auto r = test::run_bin("data-inspect", {"--config", test::source_path("configs/tiny.yaml"), "--set", "data.train=" + test::shared_bytes_dataset(),
+                                            "--set", "dist.invariant=true", "--set", "train.micro_batch_size=2", "--set",
+                                            "train.grad_accum=" + std::to_string(accum), "--batch", std::to_string(batch),
+                                            "--world-size", std::to_string(world)});
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["batch"] : nlohmann::json();
+  };
+  // World 2, grad_accum 2: --batch 5 is step 2's second micro-batch on each rank.
+  const auto two = inspect(2, 2, 5);
+  ASSERT_TRUE(two.is_object());
+  EXPECT_EQ(two["step"], 2);
+  EXPECT_EQ(two["invariant"]["global_micro_batches"], 4);
+  EXPECT_EQ(two["invariant"]["micro_batch_size"], 2);
+  EXPECT_EQ(two["invariant"]["deal"], nlohmann::json::parse("[[0, 2], [2, 4]]"));
+  EXPECT_EQ(two["ranks"][0]["micro_batches"], nlohmann::json::parse("[0, 2]"));
+  EXPECT_EQ(two["ranks"][1]["micro_batches"], nlohmann::json::parse("[2, 4]"));
+  EXPECT_EQ(two["ranks"][0]["micro_batch"], 1);
+  EXPECT_EQ(two["ranks"][1]["micro_batch"], 3);
+  // The same samples as global micro-batches 1 and 3 of step 2 on one rank (grad_accum 4: --batch 9, 11).
+  EXPECT_EQ(two["ranks"][0]["rows"], inspect(1, 4, 9)["ranks"][0]["rows"]);
+  EXPECT_EQ(two["ranks"][1]["rows"], inspect(1, 4, 11)["ranks"][0]["rows"]);
+  // Without the switch: no deal shown.
+  auto plain = test::run_bin("data-inspect", {"--config", test::source_path("configs/tiny.yaml"), "--set", "data.train=" + test::shared_bytes_dataset(),
+                                              "--world-size", "2"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_FALSE(nlohmann::json::parse(plain.out)["batch"].contains("invariant")) << plain.out;
 }
 
 // What the tree does not cover yet is refused in one line naming the key (exit 2).

@@ -55,12 +55,33 @@ TEST_F(TelemetryE2E, MetaJsonRecordsHowToReproduceAndHowItEnded) {
   EXPECT_TRUE(m["gpu"].is_null());
   EXPECT_FALSE(m["libtorch"].get<std::string>().empty());
   EXPECT_EQ(m["world_size"], 1);
+  // The parallelism strategy (Parallelism::record): one process without a group. Checked to fail
+  // with the record left out of RunFacts (null).
+  EXPECT_EQ(m["parallelism"], json::parse(R"({"strategy": "single"})")) << m["parallelism"];
   EXPECT_FALSE(m["end_time"].is_null());
   // A second, resumed attempt keeps the first one in "attempts".
   ASSERT_EQ(train(run.path(), {"train.max_steps=8", "log.every_steps=2"}).exit_code, 0);
   m = read_json(run / "meta.json");
   ASSERT_EQ(m["attempts"].size(), 1u);
   EXPECT_EQ(m["attempts"][0]["status"], "completed");
+}
+
+// dist.invariant: meta.json's parallelism holds the global batch in micro-batches, the tree's padded
+// leaves and each rank's block of the global micro-batches (here one rank: all of them). Checked to
+// fail with the record left out of RunFacts.
+TEST_F(TelemetryE2E, MetaJsonRecordsTheInvariantDeal) {
+  TempDir run;
+  auto r = train(run.path(), {"train.max_steps=2", "dist.invariant=true", "train.grad_accum=3", "train.micro_batch_size=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto p = read_json(run / "meta.json")["parallelism"];
+  ASSERT_TRUE(p.is_object()) << p;
+  EXPECT_EQ(p["strategy"], "invariant") << p;
+  EXPECT_EQ(p["world_size"], 1) << p;
+  EXPECT_EQ(p["global_micro_batches"], 3) << p;
+  EXPECT_EQ(p["micro_batch_size"], 2) << p;
+  EXPECT_EQ(p["tree_leaves"], 4) << p;
+  EXPECT_EQ(p["deal"], json::parse("[[0, 3]]")) << p;
+  EXPECT_EQ(p["combine"], "none") << p;
 }
 
 TEST_F(TelemetryE2E, StopIsRecorded) {  // failures: see AnomalyEvidenceAndSkippedUpdate
