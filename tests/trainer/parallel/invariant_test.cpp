@@ -266,6 +266,8 @@ TEST_F(InvariantE2E, ZeroOneKeepsTheBitsAndReshardsAcrossWorldSizes) {
       EXPECT_TRUE(fs::exists(prev + "/optimizer.part_1.safetensors")) << prev;
       const std::string log1 = test::read_text(dir + "/logs/rank_1.log");
       EXPECT_NE(log1.find("(dist.zero=1: its pieces of the"), std::string::npos) << log1;
+      const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
+      EXPECT_EQ(par["sharded"], nlohmann::json::array({"optimizer_state"})) << par;
     }
   }
   EXPECT_EQ(losses, loss_and_norm(uncut));
