@@ -139,6 +139,31 @@ class InvariantE2E : public ::testing::Test, protected test::GroupRun {
               "checkpoint.every_steps=2"};
     timeout_s = 300;
   }
+  struct Leg {
+    int world, accum;
+    int64_t steps;
+    int zero = 0;
+  };
+  // The legs under root/leg<i>, each resuming from the previous leg's last checkpoint, with dropout:
+  // every step's (loss, norm) in order. After each leg `after(i, dir)` (may be empty).
+  std::vector<std::pair<double, double>> run_chain(const std::string& root, const std::vector<Leg>& chain,
+                                                   const std::function<void(size_t, const std::string&)>& after = {}) {
+    std::vector<std::pair<double, double>> losses;
+    std::string prev;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const auto& leg = chain[i];
+      const std::string dir = root + "/leg" + std::to_string(i);
+      std::vector<std::string> a = {"train.max_steps=" + std::to_string(leg.steps),
+                                    "train.grad_accum=" + std::to_string(leg.accum), "model.dropout=0.1",
+                                    "dist.zero=" + std::to_string(leg.zero)};
+      if (!prev.empty()) a.push_back("checkpoint.resume=" + prev);
+      run_ok(dir, leg.world, a);
+      for (auto& x : loss_and_norm(dir)) losses.push_back(x);
+      prev = test::checkpoint_dir(dir, leg.steps);
+      if (after) after(i, dir);
+    }
+    return losses;
+  }
 };
 
 // G = 8 micro-batches of 2 rows at world sizes 1, 2, 4 and 8 (grad_accum 8, 4, 2, 1), with dropout
@@ -201,37 +226,17 @@ TEST_F(InvariantE2E, AChainCutAcrossWorldSizesEqualsTheUncutRun) {
   TempDir root;
   const std::string uncut = root / "uncut";
   run_ok(uncut, 1, {"train.max_steps=6", "train.grad_accum=8", "model.dropout=0.1"});
-  struct Leg {
-    int world, accum;
-    int64_t steps;
-  };
-  const std::vector<Leg> chain = {{4, 2, 2}, {2, 4, 4}, {8, 1, 6}};
-  std::vector<std::pair<double, double>> losses;
-  std::string prev;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    const auto& leg = chain[i];
-    const std::string dir = root / ("leg" + std::to_string(i));
-    std::vector<std::string> a = {"train.max_steps=" + std::to_string(leg.steps),
-                                  "train.grad_accum=" + std::to_string(leg.accum), "model.dropout=0.1"};
-    if (!prev.empty()) a.push_back("checkpoint.resume=" + prev);
-    if (i == 1) {  // the global batch changed: refused before anything is written
-      const std::string bad = root / "bad";
-      auto b = a;
-      b[1] = "train.grad_accum=2";
-      const auto codes = run(bad, 2, b);
-      EXPECT_EQ(codes[0], 2);
-      const std::string err = test::read_text(bad + "/out0_" + std::to_string(counter_ - 2));
-      EXPECT_NE(err.find("key 'train.grad_accum': dist.invariant: the checkpoint's global batch is 8 micro-batches, this "
-                         "run's 2 x 2 = 4 (world size x train.grad_accum); set train.grad_accum=4"),
-                std::string::npos)
-          << err;
-    }
-    run_ok(dir, leg.world, a);
-    for (auto& x : loss_and_norm(dir)) losses.push_back(x);
-    char name[32];
-    std::snprintf(name, sizeof name, "/checkpoints/step_%08lld", static_cast<long long>(leg.steps));
-    prev = dir + name;
-  }
+  const auto losses = run_chain(root.path(), {{4, 2, 2}, {2, 4, 4}, {8, 1, 6}});
+  // The global batch changed on resuming the first leg: refused before anything is written.
+  const std::string bad = root / "bad";
+  const auto codes = run(bad, 2, {"train.max_steps=4", "train.grad_accum=2", "model.dropout=0.1",
+                                  "checkpoint.resume=" + test::checkpoint_dir(root / "leg0", 2)});
+  EXPECT_EQ(codes[0], 2);
+  const std::string err = test::read_text(outs_[0]);
+  EXPECT_NE(err.find("key 'train.grad_accum': dist.invariant: the checkpoint's global batch is 8 micro-batches, this "
+                     "run's 2 x 2 = 4 (world size x train.grad_accum); set train.grad_accum=4"),
+            std::string::npos)
+      << err;
   EXPECT_EQ(losses, loss_and_norm(uncut));
   EXPECT_TRUE(test::read_text(root / "leg2/model.safetensors") == test::read_text(uncut + "/model.safetensors"));
   expect_same_state(uncut, root / "leg2", 6, "the chain");
@@ -245,31 +250,15 @@ TEST_F(InvariantE2E, ZeroOneKeepsTheBitsAndReshardsAcrossWorldSizes) {
   TempDir root;
   const std::string uncut = root / "uncut";
   run_ok(uncut, 1, {"train.max_steps=6", "train.grad_accum=8", "model.dropout=0.1"});
-  struct Leg {
-    int world, accum, zero;
-    int64_t steps;
-  };
-  const std::vector<Leg> chain = {{4, 2, 1, 2}, {1, 8, 0, 4}, {2, 4, 1, 6}};
-  std::vector<std::pair<double, double>> losses;
-  std::string prev;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    const auto& leg = chain[i];
-    const std::string dir = root / ("leg" + std::to_string(i));
-    std::vector<std::string> a = {"train.max_steps=" + std::to_string(leg.steps),
-                                  "train.grad_accum=" + std::to_string(leg.accum), "model.dropout=0.1",
-                                  "dist.zero=" + std::to_string(leg.zero)};
-    if (!prev.empty()) a.push_back("checkpoint.resume=" + prev);
-    run_ok(dir, leg.world, a);
-    for (auto& x : loss_and_norm(dir)) losses.push_back(x);
-    prev = test::checkpoint_dir(dir, leg.steps);
-    if (leg.zero == 1) {
-      EXPECT_TRUE(fs::exists(prev + "/optimizer.part_1.safetensors")) << prev;
-      const std::string log1 = test::read_text(dir + "/logs/rank_1.log");
-      EXPECT_NE(log1.find("(dist.zero=1: its pieces of the"), std::string::npos) << log1;
-      const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
-      EXPECT_EQ(par["sharded"], nlohmann::json::array({"optimizer_state"})) << par;
-    }
-  }
+  const std::vector<Leg> chain = {{4, 2, 2, 1}, {1, 8, 4, 0}, {2, 4, 6, 1}};
+  const auto losses = run_chain(root.path(), chain, [&](size_t i, const std::string& dir) {
+    if (chain[i].zero != 1) return;
+    EXPECT_TRUE(fs::exists(test::checkpoint_dir(dir, chain[i].steps) + "/optimizer.part_1.safetensors")) << dir;
+    const std::string log1 = test::read_text(dir + "/logs/rank_1.log");
+    EXPECT_NE(log1.find("(dist.zero=1: its pieces of the"), std::string::npos) << log1;
+    const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
+    EXPECT_EQ(par["sharded"], nlohmann::json::array({"optimizer_state"})) << par;
+  });
   EXPECT_EQ(losses, loss_and_norm(uncut));
   EXPECT_TRUE(test::read_text(root / "leg2/model.safetensors") == test::read_text(uncut + "/model.safetensors"));
   test::expect_same_ema(uncut, root / "leg2", 6);
