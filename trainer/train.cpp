@@ -143,8 +143,7 @@ class Trainer {
       } catch (const DataError& e) {  // the data ended or went bad (a 4xx): the last whole step, and its weights
         keep_last_whole_step();
         if (progress_.step == progress_.start_step) throw;  // nothing new to keep
-        m_.parallel->before_snapshot();  // every rank: the weights whole
-        if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
+        m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
         throw DataError(strf("%s; stopped after step %lld: its checkpoint and %s saved", e.what(),
                              (long long)progress_.step, run_dir::weights(cfg_.run.dir).c_str()));
       }
@@ -154,8 +153,7 @@ class Trainer {
     ckpt_->wait();
     telemetry_.flush();
     log_saves();
-    m_.parallel->before_snapshot();  // every rank: the weights whole
-    if (rank_ == 0) m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step);
+    m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
     return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
   }
 
@@ -201,6 +199,7 @@ class Trainer {
     configure_math(cfg_.train.threads, device_, cfg_.dist.invariant);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
+    if (eval_ && m_.parallel->weights_part()) eval_->set_lockstep(true);  // its forwards gather weights
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -208,12 +207,13 @@ class Trainer {
   void register_state() {
     using S = StateRegistry::Scope;
     namespace k = state_key;
-    model_state_ = std::make_unique<ModuleState>(*m_.model, resume_.dir + "/model.safetensors");
+    const auto part = m_.parallel->weights_part();  // ZeRO-3: each rank saves its pieces, one part per rank
+    model_state_ = std::make_unique<ModuleState>(*m_.model, resume_.dir + "/model", m_.flat.get(), part);
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
     m_.set_fence(ckpt_.get());
-    state_.add(k::kModel, S::kReplicated, *model_state_);
+    state_.add(k::kModel, part ? S::kSharded : S::kReplicated, *model_state_);
     state_.add(k::kOptimizer, m_.parallel->shards_optimizer() ? S::kSharded : S::kReplicated, *m_.opt);
-    if (m_.ema) state_.add(k::kEma, S::kReplicated, *m_.ema, /*optional=*/true);
+    if (m_.ema) m_.ema->set_part(part), state_.add(k::kEma, part ? S::kSharded : S::kReplicated, *m_.ema, /*optional=*/true);
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
     state_.add(k::kMetrics, S::kReplicated, telemetry_.train_log());
@@ -316,14 +316,26 @@ class Trainer {
 
   bool eval_due(int64_t step) const { return (eval_ || tasks_) && cfg_.eval.due(step, cfg_.train.max_steps); }
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
-  // the downstream tasks' scores (the trained weights).
+  // the downstream tasks' scores (the trained weights). Weights kept in parts (ZeRO-3) are gathered
+  // unit by unit inside the validation forwards (the ranks in lockstep; the EMA's pieces swapped
+  // in); the tasks, whose forwards differ per rank, still read them whole.
   void evaluate() {
     if (!tasks_ && !eval_) return;
-    m_.parallel->before_snapshot();  // each rank evaluates its own batches with whole weights
+    const auto part = m_.parallel->weights_part();
+    const bool by_units = part && !tasks_;
+    if (!by_units) m_.parallel->before_snapshot();  // each rank evaluates its own batches with whole weights
     if (tasks_) score_tasks();
     if (!eval_) return;
     const double loss = eval_->mean_loss(m_.model, comm_.get());
-    const double ema_loss = m_.ema ? m_.ema->with_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); }) : std::nan("");
+    double ema_loss = std::nan("");
+    if (m_.ema) {
+      const auto swapped = by_units ? part : std::nullopt;
+      ema_loss = m_.ema->with_weights([&] {
+        m_.parallel->weights_replaced();
+        return eval_->mean_loss(m_.model, comm_.get());
+      }, swapped);
+      m_.parallel->weights_replaced();
+    }
     telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
   }
 
@@ -331,7 +343,7 @@ class Trainer {
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
-    m_.parallel->before_snapshot();
+    if (!m_.parallel->weights_part()) m_.parallel->before_snapshot();  // else each rank saves its pieces
     ckpt_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
     log_saves();
   }

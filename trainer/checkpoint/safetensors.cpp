@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "common/errors.h"
 #include "common/checksum.h"
@@ -35,28 +36,59 @@ std::string dtype_name(torch::ScalarType t) {
 
 }  // namespace
 
-SafetensorsLayout safetensors_layout(const NamedTensors& tensors_in, const std::map<std::string, std::string>& metadata) {
-  SafetensorsLayout out;
-  out.tensors = tensors_in;
-  std::sort(out.tensors.begin(), out.tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
+std::string safetensors_head(std::vector<TensorSpec>* specs, const std::map<std::string, std::string>& metadata,
+                             uint64_t* data_bytes) {
+  std::sort(specs->begin(), specs->end(), [](auto& a, auto& b) { return a.name < b.name; });
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (auto& [tname, t] : out.tensors) {
-    t = t.detach().contiguous();
-    const uint64_t nbytes = t.numel() * t.element_size();
-    header[tname] = {{"dtype", dtype_name(t.scalar_type())},
-                     {"shape", t.sizes().vec()},
-                     {"data_offsets", {off, off + nbytes}}};
+  for (const auto& s : *specs) {
+    const uint64_t nbytes = s.bytes();
+    header[s.name] = {{"dtype", dtype_name(s.dtype)}, {"shape", s.shape}, {"data_offsets", {off, off + nbytes}}};
     off += nbytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
   const uint64_t hlen = h.size();
-  out.head.assign(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
-  out.head += h;
-  out.data_bytes = off;
+  std::string head(reinterpret_cast<const char*>(&hlen), 8);  // little-endian host
+  head += h;
+  if (data_bytes) *data_bytes = off;
+  return head;
+}
+
+SafetensorsLayout safetensors_layout(const NamedTensors& tensors_in, const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout out;
+  out.tensors = tensors_in;
+  std::sort(out.tensors.begin(), out.tensors.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  std::vector<TensorSpec> specs;
+  for (auto& [tname, t] : out.tensors) {
+    t = t.detach().contiguous();
+    specs.push_back(TensorSpec::of(tname, t));
+  }
+  out.head = safetensors_head(&specs, metadata, &out.data_bytes);
   return out;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), file_(path) {
+  file_.write(safetensors_head(&specs, metadata, nullptr));
+  specs_ = std::move(specs);
+}
+
+void SafetensorsWriter::write(const torch::Tensor& t) {
+  if (next_ >= specs_.size()) throw Error(path_ + ": a tensor written past the last of the header");
+  const auto& s = specs_[next_];
+  if (t.scalar_type() != s.dtype || t.sizes().vec() != s.shape)
+    throw Error(path_ + ": tensor '" + s.name + "' written with another dtype or shape than its header's");
+  const auto c = t.detach().to(torch::kCPU).contiguous();
+  file_.write(c.data_ptr(), s.bytes());
+  ++next_;
+}
+
+void SafetensorsWriter::commit() {
+  if (next_ != specs_.size()) throw Error(path_ + ": committed with tensors of its header unwritten");
+  file_.commit();
 }
 
 SafetensorsPlan plan_safetensors(const std::string& name, const NamedTensors& tensors,
@@ -84,18 +116,22 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 
 namespace {
 
-// One tensor of a safetensors header: its byte range in the data section and its memory.
+// One tensor of a safetensors header: its byte range in the data section, its dtype and shape, and
+// (once allocated) its memory.
 struct HeaderEntry {
   uint64_t begin, end;
   std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
   torch::Tensor t;
+  void allocate() { t = torch::empty(shape, torch::TensorOptions().dtype(dtype)); }
 };
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& why) {
   throw CheckpointError(path + ": not a valid safetensors file (" + why + ")");
 }
 
-// The header's tensors (allocated, not yet read) and, into *metadata, its "__metadata__".
+// The header's tensors (not allocated) and, into *metadata, its "__metadata__".
 std::vector<HeaderEntry> parse_header(const std::string& path, const std::string& head, uint64_t data_size,
                                       std::map<std::string, std::string>* metadata) {
   nlohmann::json header;
@@ -144,8 +180,7 @@ std::vector<HeaderEntry> parse_header(const std::string& path, const std::string
       }
       if (offs.size() != 2 || offs[1] < offs[0] || offs[1] > data_size || offs[1] - offs[0] != bytes)
         bad_file(path, "tensor " + it.key() + ": bad data_offsets");
-      auto t = torch::empty(shape, torch::TensorOptions().dtype(found->first));
-      entries.push_back({offs[0], offs[1], it.key(), t});
+      entries.push_back({offs[0], offs[1], it.key(), found->first, shape, {}});
     } catch (const nlohmann::json::exception& e) {
       bad_file(path, "tensor " + it.key() + ": " + e.what());
     }
@@ -168,6 +203,7 @@ void read_data(int fd, const std::string& path, uint64_t data_start, uint64_t da
   for (auto& e : entries) {
     if (e.begin < pos) bad_file(path, "tensor " + e.name + ": overlapping data_offsets");
     if (e.begin > pos) skip_to(e.begin);
+    e.allocate();
     files::pread_all(fd, path, data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
     hash.update(e.t.data_ptr(), e.end - e.begin);
     pos = e.end;
@@ -216,6 +252,56 @@ NamedTensors module_tensors(const torch::nn::Module& m) {
   for (auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
   for (auto& b : m.named_buffers()) out.emplace_back(b.key(), b.value());
   return out;
+}
+
+struct SafetensorsReader::Impl {
+  int fd = -1;
+  std::string path;
+  uint64_t data_start = 0;
+  std::map<std::string, HeaderEntry> entries;
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl_->fd < 0) throw CheckpointError(path + ": cannot open (" + std::string(std::strerror(errno)) + ")");
+  struct stat sb;
+  if (::fstat(impl_->fd, &sb) != 0) throw CheckpointError(path + ": cannot stat");
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
+  try {
+    if (file_size < 8) bad_file(path, "too short");
+    uint64_t hlen;
+    files::pread_all(impl_->fd, path, 0, &hlen, 8);
+    if (hlen > file_size - 8) bad_file(path, "header length beyond end of file");
+    std::string head(hlen, '\0');
+    files::pread_all(impl_->fd, path, 8, head.data(), hlen);
+    impl_->data_start = 8 + hlen;
+    for (auto& e : parse_header(path, head, file_size - impl_->data_start, &metadata_)) {
+      names_.push_back(e.name);
+      impl_->entries.emplace(e.name, std::move(e));
+    }
+  } catch (const DataError& e) {
+    throw CheckpointError(e.what());
+  }
+  std::sort(names_.begin(), names_.end());
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+
+torch::Tensor SafetensorsReader::read(const std::string& name) const {
+  auto it = impl_->entries.find(name);
+  if (it == impl_->entries.end()) throw CheckpointError(impl_->path + ": no tensor '" + name + "'");
+  HeaderEntry e = it->second;
+  e.allocate();
+  try {
+    files::pread_all(impl_->fd, impl_->path, impl_->data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
+  } catch (const DataError& err) {
+    throw CheckpointError(err.what());
+  }
+  return e.t;
 }
 
 void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what) {

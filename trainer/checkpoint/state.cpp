@@ -2,8 +2,23 @@
 #include "trainer/checkpoint/state.h"
 
 #include "common/errors.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/optim/flat_state.h"
 
 namespace lm {
+
+ComponentState ModuleState::state() const {
+  if (part_) return {{}, flat_slices(*flat_, *part_, flat_->params(), "", /*indexed=*/true)};
+  return {{}, module_tensors(m_)};
+}
+
+void ModuleState::load_state(const ComponentState* st) {
+  bool sliced = !st->shards.empty();
+  for (const auto& [name, t] : st->tensors) sliced = sliced || name.find('[') != std::string::npos;
+  if (!sliced) return load_into_module(m_, st->tensors, what_ + ".safetensors");  // whole, in the parameters' shapes
+  if (!flat_) throw CheckpointError(what_ + ": the weights are saved in parts; this reader takes them whole only");
+  load_flat_values(*flat_, flat_->params(), *st, what_);
+}
 
 void StateRegistry::add(const std::string& key, Scope scope, Stateful& c, bool optional) {
   for (const auto& e : entries_)

@@ -16,11 +16,13 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainer/checkpoint/safetensors.h"
 #include "common/torch/stateful.h"
+#include "trainer/optim/flat_params.h"
 
 namespace lm {
 
@@ -41,16 +43,24 @@ constexpr const char* kParallel = "parallel";  // what the parallelism strategy 
 }  // namespace state_key
 
 // A module's parameters and buffers by name (module_tensors: views), loaded back in place; the
-// model under "model". `what` names the file in messages.
+// model under "model". `what` names the component's files in messages (without ".safetensors"). With `flat` (the module's parameters as
+// one flat buffer) and `part` (the ranges of it this rank saves, its own part of a sharded
+// component: the parallelism's weights_part(), ZeRO-3's pieces), the state is the slices of those
+// ranges ("<param>[a:b]", trainer/optim/flat_state.h). Either form loads, and so do the parts of a
+// sharded checkpoint (read one at a time, all of the weights kept: REQUIRES flat).
 class ModuleState : public Stateful {
  public:
-  ModuleState(torch::nn::Module& m, std::string what) : m_(m), what_(std::move(what)) {}
-  ComponentState state() const override { return {{}, module_tensors(m_)}; }
-  void load_state(const ComponentState* st) override { load_into_module(m_, st->tensors, what_); }
+  ModuleState(torch::nn::Module& m, std::string what, FlatParams* flat = nullptr,
+              std::optional<std::vector<FlatRange>> part = std::nullopt)
+      : m_(m), what_(std::move(what)), flat_(flat), part_(std::move(part)) {}
+  ComponentState state() const override;
+  void load_state(const ComponentState* st) override;
 
  private:
   torch::nn::Module& m_;
   std::string what_;
+  FlatParams* flat_;
+  std::optional<std::vector<FlatRange>> part_;
 };
 
 // What one rank contributes to, or gets back from, a checkpoint.

@@ -48,12 +48,14 @@ double Evaluator::mean_loss(LM& model, Comm* comm) {
   const int64_t B = rt_.batch_rows, T = rt_.seq_len;
   std::vector<int64_t> buf;
   double total = 0;
-  for (int64_t i = 0; i < batches_; ++i) {
-    reader_->next(B, buf);  // (B, T+1) windows: inputs w[:, :T], targets w[:, 1:]
+  const int64_t rounds = rt_.lockstep ? (batches_ + rt_.world - 1) / rt_.world * rt_.world : batches_;
+  for (int64_t i = 0; i < rounds; ++i) {
+    if (i < batches_) reader_->next(B, buf);  // (B, T+1) windows: inputs w[:, :T], targets w[:, 1:]
     if (i % rt_.world != rt_.rank) continue;
     auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(rt_.device, /*non_blocking=*/false, /*copy=*/true);
     if (rt_.bf16) compat::set_autocast(rt_.device, true);
-    total += model->loss(w.slice(1, 0, T), w.slice(1, 1, T + 1)).item<double>();
+    const double loss = model->loss(w.slice(1, 0, T), w.slice(1, 1, T + 1)).item<double>();
+    if (i < batches_) total += loss;  // else a forward for the others' gathers only (lockstep)
     if (rt_.bf16) {
       compat::set_autocast(rt_.device, false);
       compat::clear_autocast_cache();

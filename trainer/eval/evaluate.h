@@ -24,6 +24,10 @@ struct EvalRuntime {
   torch::Device device = torch::kCPU;
   bool bf16 = false;       // train.dtype=bf16: forwards under autocast
   int rank = 0, world = 1;
+  // Every rank runs the same number of forwards (the parallelism gathers weights inside them, as
+  // ZeRO-3 does): a rank short of batches in the last round runs one more forward on the round's
+  // batch and drops its loss.
+  bool lockstep = false;
 };
 
 class Evaluator {
@@ -38,6 +42,7 @@ class Evaluator {
   // Mean validation loss of `model` (eval mode during the pass, train mode after); with `comm` the
   // batches are split over the ranks and summed with one all-reduce.
   double mean_loss(LM& model, Comm* comm);
+  void set_lockstep(bool on) { rt_.lockstep = on; }
   const std::string& dir() const { return manifest_.dir; }
   const std::string& split() const { return split_; }  // "val", or "train" when there is none
 

@@ -9,6 +9,7 @@
 #include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "trainer/optim/flat_state.h"
 
 namespace lm {
 
@@ -143,74 +144,19 @@ ComponentState AdamW::state() const {
     }
     return st;
   }
-  int64_t state = 0;  // each owned range cut at the parameters' edges
-  for (const auto& r : owned_) {
-    for (const auto& e : flat_.entries()) {
-      const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
-      if (a >= b) continue;
-      const std::string slice = strf("[%lld:%lld]", (long long)(a - e.offset), (long long)(b - e.offset));
-      st.tensors.emplace_back("exp_avg/" + e.name + slice, m_.narrow(0, state + (a - r.offset), b - a));
-      st.tensors.emplace_back("exp_avg_sq/" + e.name + slice, v_.narrow(0, state + (a - r.offset), b - a));
-    }
-    state += r.numel;
-  }
+  st.tensors = flat_slices(flat_, owned_, m_, "exp_avg/");
+  for (auto& t : flat_slices(flat_, owned_, v_, "exp_avg_sq/")) st.tensors.push_back(std::move(t));
   return st;
 }
-
-namespace {
-// "exp_avg/<param>" (the whole parameter) or "exp_avg/<param>[a:b]" (values a..b-1 of it).
-struct MomentSlice {
-  bool second = false;  // exp_avg_sq
-  std::string param;
-  int64_t begin = 0, end = -1;  // end -1: to the parameter's end
-};
-bool parse_moment_slice(const std::string& key, MomentSlice* out) {
-  std::string rest;
-  if (key.rfind("exp_avg_sq/", 0) == 0) out->second = true, rest = key.substr(11);
-  else if (key.rfind("exp_avg/", 0) == 0) rest = key.substr(8);
-  else return false;
-  const auto open = rest.rfind('[');
-  if (open == std::string::npos || rest.back() != ']') {
-    out->param = rest;
-    return true;
-  }
-  out->param = rest.substr(0, open);
-  long long a = 0, b = 0;
-  char tail = 0;
-  if (std::sscanf(rest.c_str() + open, "[%lld:%lld%c", &a, &b, &tail) != 3 || tail != ']') return false;
-  out->begin = a, out->end = b;
-  return true;
-}
-}  // namespace
 
 // Copies what this rank owns of each whole or sliced moment tensor into the moments; *covered
 // counts the values copied into each owned range (twice its numel once both moments are in).
 void AdamW::load_tensors(const NamedTensors& ts, std::vector<int64_t>* covered) {
-  std::map<std::string, const FlatParams::Entry*> by_name;
-  for (const auto& e : flat_.entries()) by_name[e.name] = &e;
-  torch::NoGradGuard ng;
   for (const auto& [key, t] : ts) {
-    MomentSlice s;
-    if (!parse_moment_slice(key, &s)) throw CheckpointError("optimizer state: unexpected tensor '" + key + "'");
-    auto it = by_name.find(s.param);
-    if (it == by_name.end()) throw CheckpointError("optimizer state: tensor '" + key + "' names no parameter of this model");
-    const auto& e = *it->second;
-    if (s.end < 0) s.end = e.numel;
-    if (s.begin < 0 || s.begin > s.end || s.end > e.numel || t.numel() != s.end - s.begin)
-      throw CheckpointError(strf("optimizer state: tensor '%s' (%lld values) does not fit parameter '%s' (%lld values)",
-                                 key.c_str(), (long long)t.numel(), e.name.c_str(), (long long)e.numel));
-    const auto flat_t = t.reshape({-1});
-    auto& moment = s.second ? v_ : m_;
-    int64_t state = 0;
-    for (size_t i = 0; i < owned_.size(); ++i) {
-      const auto& r = owned_[i];
-      const int64_t a = std::max(r.offset, e.offset + s.begin), b = std::min(r.offset + r.numel, e.offset + s.end);
-      if (a < b) {
-        moment.narrow(0, state + (a - r.offset), b - a).copy_(flat_t.narrow(0, a - e.offset - s.begin, b - a));
-        (*covered)[i] += b - a;
-      }
-      state += r.numel;
-    }
+    FlatSlice s;
+    if (parse_flat_slice(flat_, key, t, "exp_avg_sq/", "optimizer state", &s)) copy_flat_slice(owned_, v_, s, t, covered);
+    else if (parse_flat_slice(flat_, key, t, "exp_avg/", "optimizer state", &s)) copy_flat_slice(owned_, m_, s, t, covered);
+    else throw CheckpointError("optimizer state: unexpected tensor '" + key + "'");
   }
 }
 

@@ -1,10 +1,10 @@
 // EMA of the weights (see ema.h).
 #include "trainer/optim/ema.h"
 
-#include <map>
 #include <string>
 
 #include "common/errors.h"
+#include "trainer/optim/flat_state.h"
 
 namespace lm {
 
@@ -21,23 +21,21 @@ void Ema::update(const torch::Tensor& found_inf) {
 
 ComponentState Ema::state() const {
   ComponentState st;
+  if (part_) {
+    st.tensors = flat_slices(flat_, *part_, ema_, "", /*indexed=*/true);
+    return st;
+  }
   for (const auto& e : flat_.entries()) st.tensors.emplace_back(e.name, ema_.narrow(0, e.offset, e.numel));
   return st;
 }
 
 void Ema::load_state(const ComponentState* st) {
   torch::NoGradGuard ng;
-  if (!st || st->tensors.empty()) {
+  if (!st || (st->tensors.empty() && st->shards.empty())) {
     ema_.copy_(flat_.params());
     return;
   }
-  std::map<std::string, torch::Tensor> by_name(st->tensors.begin(), st->tensors.end());
-  for (const auto& e : flat_.entries()) {
-    auto it = by_name.find(e.name);
-    if (it == by_name.end() || it->second.numel() != e.numel)
-      throw CheckpointError("ema state: missing or mis-shaped tensor '" + e.name + "'");
-    ema_.narrow(0, e.offset, e.numel).copy_(it->second.reshape({-1}));
-  }
+  load_flat_values(flat_, ema_, *st, "ema state");
 }
 
 }  // namespace lm

@@ -4,6 +4,9 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+#include <vector>
+
 #include "common/torch/stateful.h"
 #include "trainer/optim/adamw.h"
 
@@ -21,22 +24,36 @@ class Ema : public Stateful {
   void set_fence(WriteFence* f) { fence_ = f; }
   // The average, (numel,) laid out as flat.params() (updated in place, never replaced).
   const torch::Tensor& values() const { return ema_; }
-  // Runs fn() with the EMA weights in place of the model's, then puts the model's back.
+  // Runs fn() with the EMA weights in place of the model's, then puts the model's back. only: the
+  // ranges swapped (the pieces a rank keeps of weights it keeps in parts, ZeRO-3: the others are
+  // gathered from their owners inside fn); unset: all of them.
   template <typename F>
-  auto with_weights(F&& fn) {
+  auto with_weights(F&& fn, const std::optional<std::vector<FlatRange>>& only = std::nullopt) {
     if (fence_) fence_->before_write();
     torch::NoGradGuard ng;
-    auto saved = flat_.params().clone();
-    flat_.params().copy_(ema_);
+    const std::vector<FlatRange> ranges = only ? *only : std::vector<FlatRange>{{0, flat_.numel()}};
+    std::vector<torch::Tensor> saved;
+    for (const auto& r : ranges) {
+      saved.push_back(flat_.params().narrow(0, r.offset, r.numel).clone());
+      flat_.params().narrow(0, r.offset, r.numel).copy_(ema_.narrow(0, r.offset, r.numel));
+    }
     struct Restore {
       torch::Tensor& p;
-      torch::Tensor& saved;
-      ~Restore() { p.copy_(saved); }
-    } restore{flat_.params(), saved};
+      const std::vector<FlatRange>& ranges;
+      std::vector<torch::Tensor>& saved;
+      ~Restore() {
+        for (size_t i = 0; i < ranges.size(); ++i) p.narrow(0, ranges[i].offset, ranges[i].numel).copy_(saved[i]);
+      }
+    } restore{flat_.params(), ranges, saved};
     return fn();
   }
-  // State under "ema": tensors by parameter name (views). A checkpoint without EMA state (EMA was
-  // off) restarts the average from the current weights: load_state(nullptr).
+  // The ranges of the average this rank saves, its own part of a sharded checkpoint component (the
+  // parallelism's weights_part(): ZeRO-3 keeps only its pieces); unset: all of it.
+  void set_part(std::optional<std::vector<FlatRange>> part) { part_ = std::move(part); }
+  // State under "ema": tensors by parameter name (views), or with a part its slices
+  // ("<param>[a:b]", flat_state.h). Loads whole or sliced tensors and a sharded checkpoint's parts.
+  // A checkpoint without EMA state (EMA was off) restarts the average from the current weights:
+  // load_state(nullptr).
   ComponentState state() const override;
   void load_state(const ComponentState* st) override;
 
@@ -45,6 +62,7 @@ class Ema : public Stateful {
   double decay_;
   WriteFence* fence_ = nullptr;
   torch::Tensor ema_;  // (numel,) like flat_.params()
+  std::optional<std::vector<FlatRange>> part_;
 };
 
 }  // namespace lm

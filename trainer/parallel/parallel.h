@@ -68,6 +68,18 @@ class Parallelism {
   // weights, an evaluation. Every rank calls it (it may communicate); they stay whole until the next
   // step's first before_backward.
   virtual void before_snapshot() {}
+  // The ranges of the weights (and of the buffers laid out as them: the EMA) this rank saves, its own
+  // part of a sharded checkpoint component (ZeRO-3: its pieces, the only values it keeps between
+  // steps), ascending; nullopt: every rank holds them whole and rank 0 saves them. With a part, a
+  // checkpoint's snapshot reads this rank's pieces as they are (no before_snapshot()).
+  virtual std::optional<std::vector<FlatRange>> weights_part() const { return std::nullopt; }
+  // With weights_part(): the values of range `r` of the flat weights, whole, in a tensor of their
+  // own (every rank calls it with the same ranges in the same order: it communicates), for writing
+  // them one tensor at a time. Undefined without a part: they are whole in the flat buffer.
+  virtual torch::Tensor gather_weights(FlatRange /*r*/) { return {}; }
+  // With weights_part(): this rank's pieces of the weights were written by someone else (the EMA
+  // swapped in or out for an evaluation), so nothing gathered from the old values may be read again.
+  virtual void weights_replaced() {}
   // Asked before the strategy writes over weights a snapshot may still be copying (nullptr: none).
   virtual void set_fence(WriteFence* /*f*/) {}
   // This rank's total of its micro-batches' loss values (0-dim tensors, in micro-batch order), as a

@@ -254,6 +254,30 @@ void Zero3::before_snapshot() {
   for (auto& unit : units_) unit.pending_grads = 0;
   peak_gathered_ = peak, peak_resident_ = peak_resident;
   whole_ = true;
+  log::info(strf("zero-3: the weights made whole on every rank for a read of them all (evaluation), %lld time(s) so far",
+                 (long long)++made_whole_));
+}
+
+void Zero3::weights_replaced() {
+  if (whole_) return;  // nothing is released: whoever replaced them replaced them whole
+  for (size_t u = 0; u < units_.size(); ++u) release(u, /*force=*/true);
+}
+
+torch::Tensor Zero3::gather_weights(FlatRange r) {
+  auto out = torch::empty({r.numel}, flat_.params().options());
+  const auto& L = layout();
+  std::vector<std::shared_ptr<Comm::Pending>> work;
+  for (size_t b = 0; b < L.buckets.size(); ++b)
+    for (int k = 0; k < L.world; ++k) {
+      const auto p = L.piece(b, k);
+      const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
+      if (e <= a) continue;
+      auto dst = out.narrow(0, a - r.offset, e - a);
+      if (k == L.rank) dst.copy_(flat_.params().narrow(0, a, e - a));
+      work.push_back(comm_.broadcast_async(dst, k));
+    }
+  for (auto& w : work) comm_.wait(w, "gather of a weight tensor (the final weights)");
+  return out;
 }
 
 std::string Zero3::describe(int64_t optimizer_bytes, const std::string& what) const {

@@ -19,9 +19,10 @@
 // Gradients as ZeRO-2 keeps them (zero2.h: each bucket's sums reduced as the backward fills it, the
 // rank's pieces kept, the bucket freed; the norm streamed: the same sums and norm as plain data
 // parallelism, bit for bit), so between steps a rank keeps 1/W of the weights, the gradients and the
-// moments. Snapshots (checkpoints, the final
-// weights, evaluation) make the weights and the EMA (track_like_params) whole first: every piece
-// broadcast by its owner (a rank then holds all weights while it saves; per-piece saving is still to do).
+// moments. Checkpoints save each rank's pieces of the weights and of the EMA as they are, one part
+// per rank (weights_part); the final weights are written one tensor at a time, each gathered alone
+// (gather_weights). Evaluation still makes the weights and the EMA (track_like_params) whole first
+// (before_snapshot: every piece broadcast by its owner; logged, with a count).
 #pragma once
 
 #include <torch/torch.h>
@@ -50,6 +51,12 @@ class Zero3 : public Zero2 {
   void track_like_params(torch::Tensor buffer) override { tracked_.push_back(std::move(buffer)); }
   void before_snapshot() override;
   void set_fence(WriteFence* f) override { fence_ = f; }
+  // Its pieces (the optimizer's ranges): checkpoints save them as they are, one part per rank.
+  std::optional<std::vector<FlatRange>> weights_part() const override { return owned_; }
+  // Range `r` gathered into a tensor of its own: each owner broadcasts its values of it.
+  torch::Tensor gather_weights(FlatRange r) override;
+  // Every unit released: the next forward gathers the pieces as they are now.
+  void weights_replaced() override;
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
   std::string name() const override { return "zero3"; }
   nlohmann::json record() const override {
@@ -88,6 +95,7 @@ class Zero3 : public Zero2 {
   std::vector<torch::Tensor> tracked_;
   WriteFence* fence_ = nullptr;
   bool whole_ = true;  // every value of the weights present (before start(), after a snapshot)
+  int64_t made_whole_ = 0;  // before_snapshot()s that gathered every unit
   bool measure_resident_;
   int64_t gathered_ = 0, peak_gathered_ = 0, logged_peak_ = -1;  // values of gathered units
   int64_t peak_resident_ = 0;                                     // bytes (mincore), when measured

@@ -1,6 +1,10 @@
 // The model and what updates it (see model_parts.h).
 #include "trainer/step/model_parts.h"
 
+#include <algorithm>
+#include <map>
+#include <memory>
+
 #include "common/errors.h"
 #include "common/log.h"
 #include "models/attention.h"
@@ -64,8 +68,29 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   return m;
 }
 
-void ModelParts::save_weights(const std::string& path, const std::string& arch, int64_t step) const {
-  save_safetensors(path, module_tensors(*model), {{"format", "pt"}, {"arch", arch}, {"step", std::to_string(step)}});
+void ModelParts::save_weights(const std::string& path, const std::string& arch, int64_t step, int rank) const {
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"arch", arch}, {"step", std::to_string(step)}};
+  if (!parallel->weights_part()) {
+    parallel->before_snapshot();  // every rank: the weights whole
+    if (rank == 0) save_safetensors(path, module_tensors(*model), meta);
+    return;
+  }
+  // One tensor at a time, each gathered alone (every rank, in the file's order), written by rank 0:
+  // the bytes save_safetensors writes.
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : module_tensors(*model)) specs.push_back(TensorSpec::of(name, t));
+  std::map<std::string, FlatRange> range_of;
+  for (const auto& e : flat->entries()) range_of[e.name] = {e.offset, e.numel};
+  std::unique_ptr<SafetensorsWriter> out;
+  if (rank == 0) out = std::make_unique<SafetensorsWriter>(path, specs, meta);
+  std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });  // the file's order
+  for (const auto& s : specs) {
+    auto it = range_of.find(s.name);
+    TORCH_CHECK(it != range_of.end(), "save_weights: '", s.name, "' is not a parameter of the flat buffer");
+    const auto values = parallel->gather_weights(it->second);
+    if (out) out->write(values.view(s.shape));
+  }
+  if (out) out->commit();
 }
 
 }  // namespace lm

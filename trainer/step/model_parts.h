@@ -34,8 +34,10 @@ struct ModelParts {
     if (ema) ema->set_fence(f);
     parallel->set_fence(f);
   }
-  // The final weights (safetensors, format "pt", with the architecture and the step).
-  void save_weights(const std::string& path, const std::string& arch, int64_t step) const;
+  // The final weights (safetensors, format "pt", with the architecture and the step), written by
+  // rank 0. Every rank calls it (it may communicate): weights kept in parts (the parallelism's
+  // weights_part) are gathered one tensor at a time, never all at once.
+  void save_weights(const std::string& path, const std::string& arch, int64_t step, int rank) const;
 };
 
 // vocab: the padded vocabulary; data_vocab: the data's (for the log line); eos_id: the data's EOS,

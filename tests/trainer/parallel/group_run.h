@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -89,13 +90,47 @@ inline std::string checkpoint_dir(const std::string& run, int64_t step) {
   return run + name;
 }
 
-// The EMA tensors of the checkpoint at `step` of two runs, bit for bit (each run may have saved them
-// in its own layout: compared tensor by tensor).
+// A component of a checkpoint ("model", "ema") as one flat tensor per parameter, from its whole file
+// ("<key>.safetensors") or from its parts ("<key>.part_<r>.safetensors", tensors "<param>[a:b]"
+// holding values a..b-1; ZeRO-3 saves each rank's pieces): every value must come exactly once.
+inline std::map<std::string, torch::Tensor> checkpoint_component(const std::string& dir, const std::string& key) {
+  std::map<std::string, torch::Tensor> out;
+  if (std::filesystem::exists(dir + "/" + key + ".safetensors")) {
+    for (auto& [name, t] : load_safetensors(dir + "/" + key + ".safetensors")) out[name] = t.reshape({-1});
+    return out;
+  }
+  std::map<std::string, std::vector<std::pair<int64_t, torch::Tensor>>> slices;
+  for (int r = 0; std::filesystem::exists(dir + "/" + key + ".part_" + std::to_string(r) + ".safetensors"); ++r)
+    for (auto& [name, t] : load_safetensors(dir + "/" + key + ".part_" + std::to_string(r) + ".safetensors")) {
+      const auto open = name.rfind('[');
+      EXPECT_NE(open, std::string::npos) << name;
+      if (open == std::string::npos) continue;
+      slices[name.substr(0, open)].emplace_back(std::stoll(name.substr(open + 1)), t.reshape({-1}));
+    }
+  for (auto& [name, parts] : slices) {
+    std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    std::vector<torch::Tensor> ts;
+    int64_t at = 0;
+    for (auto& [begin, t] : parts) {
+      EXPECT_EQ(begin, at) << name << ": a gap or an overlap";
+      at += t.numel();
+      ts.push_back(t);
+    }
+    out[name] = torch::cat(ts);
+  }
+  return out;
+}
+
+// The EMA of the checkpoint at `step` of two runs, bit for bit (each run may have saved it in its
+// own layout, whole or in parts: compared parameter by parameter).
 inline void expect_same_ema(const std::string& a, const std::string& b, int64_t step) {
-  auto ea = load_safetensors(checkpoint_dir(a, step) + "/ema.safetensors");
-  auto eb = load_safetensors(checkpoint_dir(b, step) + "/ema.safetensors");
+  const auto ea = checkpoint_component(checkpoint_dir(a, step), "ema"), eb = checkpoint_component(checkpoint_dir(b, step), "ema");
+  ASSERT_FALSE(ea.empty());
   ASSERT_EQ(ea.size(), eb.size());
-  for (size_t i = 0; i < ea.size(); ++i) EXPECT_TRUE(torch::equal(ea[i].second, eb[i].second)) << ea[i].first;
+  for (const auto& [name, t] : ea) {
+    ASSERT_TRUE(eb.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, eb.at(name))) << name;
+  }
 }
 
 // The weights, the EMA and the optimizer state files of the checkpoint at `step`, byte for byte.

@@ -69,18 +69,25 @@ TEST_F(Zero3E2E, LlamaUntiedActivationCheckpointingAccumulationSameAsPlain) {
   expect_same_as_plain(4, "configs/llama-tiny.yaml", {"train.micro_batch_size=2", "model.tie_embeddings=false"}, 4);
 }
 
-// During the steps no rank holds all weights: the values gathered at once (the rest and at most the
-// blocks around the one running) stay below the model's, and so do the weights' pages the kernel
-// holds (mincore, after every gather: LM_TEST_WEIGHTS_RESIDENT=1).
+// No rank holds all weights, during the steps nor while saving: the values gathered at once (the
+// rest and at most the blocks around the one running) stay below the model's, and so do the
+// weights' pages the kernel holds (mincore, after every gather: LM_TEST_WEIGHTS_RESIDENT=1); the
+// checkpoints of every step (with the EMA) and the final weights never make them whole (no
+// "made whole" line: only an evaluation does that).
 // Checked to fail with the pages never handed back (no madvise in Zero3::release): 1699840 bytes
-// resident of 1698304.
-TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheSteps) {
+// resident of 1698304; and with every save making the weights whole first (train.cpp's save()
+// calling before_snapshot() for ZeRO-3 too): the "made whole" line.
+TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheStepsOrTheSaves) {
   TempDir zero;
   run_ok(zero.path(), 2,
-         {"train.max_steps=3", "train.micro_batch_size=2", "model.n_layer=8", "dist.zero=3", "dist.bucket_mb=0.2"},
+         {"train.max_steps=3", "train.micro_batch_size=2", "model.n_layer=8", "dist.zero=3", "dist.bucket_mb=0.2",
+          "checkpoint.every_steps=1", "train.ema_decay=0.9"},
          {"LM_TEST_WEIGHTS_RESIDENT=1"});
+  EXPECT_TRUE(fs::exists(zero / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(zero / "checkpoints/step_00000003/model.part_1.safetensors"));
   for (int r = 0; r < 2; ++r) {
     const std::string log = test::read_text(zero / ("logs/rank_" + std::to_string(r) + ".log"));
+    EXPECT_EQ(log.find("made whole"), std::string::npos) << log;
     const std::regex line("zero-3: at most (\\d+) of (\\d+) weight values gathered at once \\((\\d+) bytes of (\\d+)\\) by "
                           "step \\d+; at most (\\d+) bytes of the weights' pages resident");
     long long gathered = -1, total = 0, resident = -1;
@@ -97,17 +104,59 @@ TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheSteps) {
   }
 }
 
-// A dist.zero 3 checkpoint is one any run resumes (the weights and the EMA whole, the moments one
-// part per rank): 2 ranks of zero 3 -> 4 ranks of zero 0 -> 2 ranks of zero 3, every leg bit for bit
-// the same chain of plain data parallelism.
-TEST_F(Zero3E2E, CheckpointsResumeAcrossStagesAndWorldSizes) {
+// Evaluation gathers the weights unit by unit inside the validation forwards, as the steps do (an odd
+// number of batches over 2 ranks: the ranks in lockstep), the EMA's pieces swapped in: the same
+// validation losses of the weights and of the EMA as plain data parallelism, bit for bit, and the
+// weights never made whole. Checked to fail with Zero3::weights_replaced() doing nothing: the EMA's
+// loss read the rest unit still gathered from the trained weights and differed.
+TEST_F(Zero3E2E, EvaluationGathersUnitByUnitAndGivesThePlainLosses) {
+  TempDir plain, zero;
+  const std::vector<std::string> a = {"train.max_steps=4", "train.micro_batch_size=2", "train.ema_decay=0.9",
+                                      "eval.batches=3", "eval.every_steps=2"};
+  run_ok(plain.path(), 2, a);
+  auto z = a;
+  z.push_back("dist.zero=3");
+  run_ok(zero.path(), 2, z);
+  auto val = [](const std::string& dir) {
+    std::vector<std::string> out;
+    for (auto& l : test::metrics_of_kind(dir + "/metrics.jsonl", "val")) {
+      const auto j = nlohmann::json::parse(l);
+      out.push_back(j["step"].dump() + " " + j["val_loss"].dump() + " " + j["val_loss_ema"].dump());
+    }
+    return out;
+  };
+  const auto vp = val(plain.path()), vz = val(zero.path());
+  ASSERT_EQ(vp.size(), 2u);
+  EXPECT_EQ(vp, vz);
+  EXPECT_EQ(loss_and_norm(plain.path()), loss_and_norm(zero.path()));
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = test::read_text(zero / ("logs/rank_" + std::to_string(r) + ".log"));
+    EXPECT_EQ(log.find("made whole"), std::string::npos) << log;
+  }
+}
+
+// The values each rank's part of a checkpoint component holds ("model", "ema": ZeRO-3 saves its pieces).
+std::vector<int64_t> part_numels(const std::string& ckpt, const std::string& key, int world) {
+  std::vector<int64_t> out;
+  for (int r = 0; r < world; ++r) {
+    int64_t n = 0;
+    for (auto& [name, t] : load_safetensors(ckpt + "/" + key + ".part_" + std::to_string(r) + ".safetensors")) n += t.numel();
+    out.push_back(n);
+  }
+  return out;
+}
+
+// A dist.zero 3 checkpoint is each rank's pieces of the weights, the EMA and the moments, one part
+// per rank, and any run resumes it: 3 at 4 ranks -> 0 at 1 rank -> 2 at 2 ranks -> 3 at 2 ranks,
+// every leg bit for bit the same chain of plain data parallelism (losses, norms, final weights, EMA).
+// Checked to fail with each slice's values read back reversed (copy_flat_slice): leg 1's losses differ.
+TEST_F(Zero3E2E, CheckpointsInPartsResumeAcrossStagesAndWorldSizes) {
   TempDir p, z;
   struct Leg {
     int world;
-    int64_t micro, steps;
-    bool zero;
+    int64_t zero, micro, steps;
   };
-  const std::vector<Leg> chain = {{2, 4, 4, true}, {4, 2, 6, false}, {2, 4, 8, true}};
+  const std::vector<Leg> chain = {{4, 3, 2, 4}, {1, 0, 8, 6}, {2, 2, 4, 8}, {2, 3, 4, 10}};
   std::string prev_p, prev_z;
   for (size_t i = 0; i < chain.size(); ++i) {
     const auto& leg = chain[i];
@@ -117,15 +166,32 @@ TEST_F(Zero3E2E, CheckpointsResumeAcrossStagesAndWorldSizes) {
                                         "model.dropout=0.0", "train.ema_decay=0.9"};
     auto ap = a, az = a;
     if (!prev_p.empty()) ap.push_back("checkpoint.resume=" + prev_p), az.push_back("checkpoint.resume=" + prev_z);
-    if (leg.zero) az.push_back("dist.zero=3");
+    az.push_back("dist.zero=" + std::to_string(leg.zero));
     run_ok(dp, leg.world, ap);
     run_ok(dz, leg.world, az);
     EXPECT_EQ(loss_and_norm(dp), loss_and_norm(dz)) << "leg " << i;
-    EXPECT_EQ(test::read_text(dp + "/model.safetensors"), test::read_text(dz + "/model.safetensors")) << "leg " << i;
-    char name[32];
-    std::snprintf(name, sizeof name, "/checkpoints/step_%08lld", static_cast<long long>(leg.steps));
-    prev_p = dp + name, prev_z = dz + name;
-    EXPECT_EQ(fs::exists(prev_z + "/optimizer.part_0.safetensors"), leg.zero) << prev_z;
+    EXPECT_TRUE(test::read_text(dp + "/model.safetensors") == test::read_text(dz + "/model.safetensors")) << "leg " << i;
+    test::expect_same_ema(dp, dz, leg.steps);
+    prev_p = test::checkpoint_dir(dp, leg.steps), prev_z = test::checkpoint_dir(dz, leg.steps);
+    const auto mp = test::checkpoint_component(prev_p, "model"), mz = test::checkpoint_component(prev_z, "model");
+    ASSERT_EQ(mp.size(), mz.size());
+    for (const auto& [name, t] : mp) EXPECT_TRUE(torch::equal(t, mz.at(name))) << name << ", leg " << i;
+    EXPECT_EQ(fs::exists(prev_z + "/model.part_0.safetensors"), leg.zero == 3) << prev_z;
+    EXPECT_EQ(fs::exists(prev_z + "/model.safetensors"), leg.zero != 3) << prev_z;
+    if (leg.zero != 3) continue;
+    // Each rank saved what it keeps: the values its start-up line says, no more.
+    const auto model = part_numels(prev_z, "model", leg.world), ema = part_numels(prev_z, "ema", leg.world);
+    int64_t total = 0;
+    for (int r = 0; r < leg.world; ++r) {
+      const std::string log = test::read_text(dz + "/logs/rank_" + std::to_string(r) + ".log");
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(log, m, std::regex("zero-3: rank \\d+ keeps (\\d+) of (\\d+) weights"))) << log;
+      EXPECT_EQ(model[r], std::stoll(m[1].str())) << "rank " << r << ", leg " << i;
+      EXPECT_EQ(ema[r], model[r]) << "rank " << r << ", leg " << i;
+      EXPECT_LT(model[r], std::stoll(m[2].str()) / leg.world * 11 / 10) << "rank " << r;
+      total += model[r];
+      if (r == leg.world - 1) EXPECT_EQ(total, std::stoll(m[2].str())) << "leg " << i;
+    }
   }
 }
 

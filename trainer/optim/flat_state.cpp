@@ -1,0 +1,88 @@
+// Whole and sliced state of buffers laid out as the flat parameters (see flat_state.h).
+#include "trainer/optim/flat_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "common/errors.h"
+#include "common/log.h"
+
+namespace lm {
+
+NamedTensors flat_slices(const FlatParams& flat, const std::vector<FlatRange>& ranges, const torch::Tensor& values,
+                         const std::string& prefix, bool indexed) {
+  NamedTensors out;
+  int64_t at = 0;  // where the range starts in `values`
+  for (const auto& r : ranges) {
+    if (indexed) at = r.offset;
+    for (const auto& e : flat.entries()) {
+      const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
+      if (a >= b) continue;
+      out.emplace_back(prefix + e.name + strf("[%lld:%lld]", (long long)(a - e.offset), (long long)(b - e.offset)),
+                       values.narrow(0, at + (a - r.offset), b - a));
+    }
+    at += r.numel;
+  }
+  return out;
+}
+
+bool parse_flat_slice(const FlatParams& flat, const std::string& name, const torch::Tensor& t,
+                      const std::string& prefix, const std::string& what, FlatSlice* out) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  std::string param = name.substr(prefix.size());
+  long long a = 0, b = -1;
+  const auto open = param.rfind('[');
+  if (open != std::string::npos && param.back() == ']') {
+    char tail = 0;
+    if (std::sscanf(param.c_str() + open, "[%lld:%lld%c", &a, &b, &tail) != 3 || tail != ']')
+      throw CheckpointError(what + ": tensor '" + name + "' has a malformed slice (expected <param>[a:b])");
+    param.resize(open);
+  }
+  const FlatParams::Entry* entry = nullptr;
+  for (const auto& e : flat.entries())
+    if (e.name == param) entry = &e;
+  if (!entry) throw CheckpointError(what + ": tensor '" + name + "' names no parameter of this model");
+  if (b < 0) b = entry->numel;
+  if (a < 0 || a > b || b > entry->numel || t.numel() != b - a)
+    throw CheckpointError(strf("%s: tensor '%s' (%lld values) does not fit parameter '%s' (%lld values)", what.c_str(),
+                               name.c_str(), (long long)t.numel(), entry->name.c_str(), (long long)entry->numel));
+  *out = {entry, a, b};
+  return true;
+}
+
+void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed, const FlatSlice& s,
+                     const torch::Tensor& t, std::vector<int64_t>* covered) {
+  torch::NoGradGuard ng;
+  const auto values = t.reshape({-1});
+  const int64_t begin = s.offset(), end = begin + s.numel();
+  int64_t at = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const auto& r = ranges[i];
+    const int64_t a = std::max(r.offset, begin), b = std::min(r.offset + r.numel, end);
+    if (a < b) {
+      packed.narrow(0, at + (a - r.offset), b - a).copy_(values.narrow(0, a - begin, b - a));
+      (*covered)[i] += b - a;
+    }
+    at += r.numel;
+  }
+}
+
+void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what) {
+  const std::vector<FlatRange> all = {{0, flat.numel()}};
+  std::vector<int64_t> covered(1, 0);
+  auto take = [&](const NamedTensors& ts) {
+    for (const auto& [name, t] : ts) {
+      FlatSlice s;
+      parse_flat_slice(flat, name, t, "", what, &s);
+      copy_flat_slice(all, values, s, t, &covered);
+    }
+  };
+  take(st.tensors);
+  for (const auto& read_part : st.shards) take(read_part());  // one part in memory at a time
+  if (covered[0] != flat.numel())
+    throw CheckpointError(strf("%s: %lld values from the checkpoint for %lld weights (a part missing, or parts "
+                               "overlapping)", what.c_str(), (long long)covered[0], (long long)flat.numel()));
+}
+
+}  // namespace lm
