@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 
 #include "models/build.h"
 #include "models/hf.h"
@@ -266,6 +267,18 @@ TEST(Hf, ExportThenInitFromGivesIdenticalLogits) {
     train_run(config, run.path());
     auto e = run_bin("export", {"--run", run.path(), "--format", "hf", out / "hf"});
     ASSERT_EQ(e.exit_code, 0) << e.out;
+    // Streamed tensor by tensor: the file save_safetensors writes of all of them converted at once,
+    // byte for byte, with no more than the largest tensor and its conversion held at once.
+    const auto ours = load_safetensors(run / "model.safetensors");
+    save_safetensors(out / "whole.safetensors", to_hf(load_config(run / "config.yaml", {}).model, ours), {{"format", "pt"}});
+    EXPECT_TRUE(test::read_text(out / "whole.safetensors") == test::read_text(out / "hf/model.safetensors")) << config;
+    int64_t largest = 0, total = 0;
+    for (auto& [n, t] : ours) largest = std::max<int64_t>(largest, t.nbytes()), total += t.nbytes();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(e.out, m, std::regex("(\\d+) tensors streamed, at most (\\d+) bytes of them held at once"))) << e.out;
+    EXPECT_EQ(std::stoll(m[1].str()), static_cast<long long>(ours.size()));
+    EXPECT_LE(std::stoll(m[2].str()), 2 * largest);
+    EXPECT_LT(std::stoll(m[2].str()), total / 2);
     auto j = nlohmann::json::parse(test::read_text(out / "hf/config.json"));
     auto cfg = load_config(run / "config.yaml", {});
     EXPECT_EQ(j["model_type"], cfg.model.arch == "gpt" ? "gpt2" : "llama");

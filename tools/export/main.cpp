@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     std::string run, format, out, weights;
     app.add_option("--run", run, "run directory (its config.yaml and model.safetensors)")->required();
     app.add_option("--format", format, "output format")->required()->check(CLI::IsMember({"hf"}));
-    app.add_option("--weights", weights, "weights file (default RUN/model.safetensors)");
+    app.add_option("--weights", weights, "weights file or checkpoint directory (default RUN/model.safetensors)");
     app.add_option("OUT_DIR", out, "output directory")->required();
     try {
       app.parse(argc, argv);
@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
       throw lm::UsageError(e.what());
     }
     const lm::ExperimentConfig cfg = lm::load_config(lm::run_dir::config(run), {});  // the run's config.yaml
-    lm::export_hf(cfg.model, cfg.data, run, weights, out);
-    std::cout << "wrote " << out << "/model.safetensors, config.json\n";
+    const auto stats = lm::export_hf(cfg.model, cfg.data, run, weights, out);
+    std::cout << "wrote " << out << "/model.safetensors, config.json (" << stats.tensors
+              << " tensors streamed, at most " << stats.max_bytes << " bytes of them held at once)\n";
     return lm::kExitOk;
   });
 }

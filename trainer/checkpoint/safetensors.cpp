@@ -291,6 +291,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : impl_(std::make_
 
 SafetensorsReader::~SafetensorsReader() = default;
 
+TensorSpec SafetensorsReader::spec(const std::string& name) const {
+  auto it = impl_->entries.find(name);
+  if (it == impl_->entries.end()) throw CheckpointError(impl_->path + ": no tensor '" + name + "'");
+  return {name, it->second.dtype, it->second.shape};
+}
+
 torch::Tensor SafetensorsReader::read(const std::string& name) const {
   auto it = impl_->entries.find(name);
   if (it == impl_->entries.end()) throw CheckpointError(impl_->path + ": no tensor '" + name + "'");

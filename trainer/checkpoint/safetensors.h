@@ -95,6 +95,7 @@ class SafetensorsReader {
   ~SafetensorsReader();
   const std::vector<std::string>& names() const { return names_; }  // sorted
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  TensorSpec spec(const std::string& name) const;  // throws CheckpointError for a name it has not
   torch::Tensor read(const std::string& name) const;  // on the CPU, a tensor of its own
 
  private:

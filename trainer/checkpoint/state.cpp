@@ -8,7 +8,11 @@
 namespace lm {
 
 ComponentState ModuleState::state() const {
-  if (part_) return {{}, flat_slices(*flat_, *part_, flat_->params(), "", /*indexed=*/true)};
+  if (part_) {  // the slices, and each parameter's shape for readers that put them together (weights_reader.h)
+    nlohmann::json shapes = nlohmann::json::object();
+    for (const auto& [name, t] : module_tensors(m_)) shapes[name] = t.sizes().vec();
+    return {{{"shapes", shapes}}, flat_slices(*flat_, *part_, flat_->params(), "", /*indexed=*/true)};
+  }
   return {{}, module_tensors(m_)};
 }
 

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -14,6 +15,7 @@
 #include "models/hf.h"
 #include "models/registry.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/weights_reader.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -41,8 +43,8 @@ void check_tensors(const std::string& file, const TensorPairs& want, const Named
 
 }  // namespace
 
-void export_hf(const ModelConfig& model, const DataConfig& data_cfg, const std::string& run,
-               const std::string& weights_in, const std::string& out_dir) {
+ExportStats export_hf(const ModelConfig& model, const DataConfig& data_cfg, const std::string& run,
+                      const std::string& weights_in, const std::string& out_dir) {
   // The run's copy of its tokenizer; a run written before runs carried one: its data, opened.
   const std::string tok_dir = run_dir::tokenizer(run);
   const bool carried = files::exists(tok_dir + "/manifest.json");
@@ -52,19 +54,43 @@ void export_hf(const ModelConfig& model, const DataConfig& data_cfg, const std::
   const std::string weights = weights_in.empty() ? run_dir::weights(run) : weights_in;
   if (!files::exists(weights)) throw CheckpointError(weights + ": no such weights file (has the run finished?)");
   const int64_t vocab = padded_vocab(model, static_cast<int64_t>(tok.vocab_size));
-  TensorPairs hf;
-  try {
-    hf = to_hf(model, load_safetensors(weights));
-  } catch (const std::out_of_range& e) {
-    throw CheckpointError(weights + ": " + e.what());
+  // Tensor by tensor: the output's header from each converted alone (uninitialised values: only
+  // the names and shapes are kept), then each read, converted and written in the header's order.
+  const WeightsReader in(weights);
+  ExportStats stats;
+  auto convert = [&](const std::string& name, const torch::Tensor& t) {
+    try {
+      auto hf = to_hf(model, {{name, t}});
+      const auto& out = hf.at(0).second;
+      const bool shares = out.storage().is_alias_of(t.storage());
+      stats.max_bytes = std::max<int64_t>(stats.max_bytes, t.nbytes() + (shares ? 0 : out.nbytes()));
+      return hf.at(0);
+    } catch (const std::out_of_range& e) {
+      throw CheckpointError(in.what() + ": " + e.what());
+    }
+  };
+  std::vector<TensorSpec> specs;
+  std::map<std::string, std::string> ours_of;  // HF name -> ours
+  for (const auto& name : in.names()) {
+    const TensorSpec& s = in.spec(name);
+    auto [hf_name, t] = convert(name, torch::empty(s.shape, torch::TensorOptions().dtype(s.dtype)));
+    specs.push_back(TensorSpec::of(hf_name, t));
+    ours_of[hf_name] = name;
   }
   files::make_dirs(out_dir);
-  save_safetensors(out_dir + "/model.safetensors", hf, {{"format", "pt"}});
+  SafetensorsWriter out(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
+  for (const auto& s : out.order()) {
+    const std::string& ours = ours_of.at(s.name);
+    out.write(convert(ours, in.read(ours)).second);
+    ++stats.tensors;
+  }
+  out.commit();
   files::write_file_atomic(out_dir + "/config.json",
                            hf_config(model, vocab, tok.eos_id, tok.pad_id).dump(2) + "\n");
   if (!tok.file.empty())
     files::write_file_atomic(out_dir + "/tokenizer.model",
                              carried ? files::read_file(tok_dir + "/" + tok.file) : data.tokenizer_model());
+  return stats;
 }
 
 void init_from_hf(LMImpl& m, const std::string& dir) {

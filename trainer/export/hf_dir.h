@@ -14,11 +14,18 @@
 
 namespace lm {
 
+// What an export streamed: tensors written, and the most bytes of tensors it held at once (a
+// tensor read and its conversion).
+struct ExportStats {
+  int64_t tensors = 0, max_bytes = 0;
+};
 // Writes OUT_DIR from the run's model: and data: sections (its config.yaml, read by the caller),
-// the run directory `run` (its tokenizer) and `weights` (default RUN/model.safetensors). Throws
-// ConfigError / DataError / CheckpointError naming the file at fault.
-void export_hf(const ModelConfig& model, const DataConfig& data, const std::string& run, const std::string& weights,
-               const std::string& out_dir);
+// the run directory `run` (its tokenizer) and `weights` (default RUN/model.safetensors; a weights
+// file or a checkpoint directory, its model whole or in ZeRO-3's parts: trainer/checkpoint/
+// weights_reader.h), one tensor at a time, never all of them in memory. Throws ConfigError /
+// DataError / CheckpointError naming the file at fault.
+ExportStats export_hf(const ModelConfig& model, const DataConfig& data, const std::string& run,
+                      const std::string& weights, const std::string& out_dir);
 
 // Loads DIR's weights into m (nothing when dir is empty). Refuses (CheckpointError naming the file)
 // a config.json of another model_type or whose fields describe another computation than m's

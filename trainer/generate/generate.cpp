@@ -16,6 +16,7 @@
 #include "common/files.h"
 #include "models/build.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/weights_reader.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -77,7 +78,7 @@ int generate_cli(int argc, char** argv) {
   SampleOptions opt;
   int64_t seed = 1, samples = 1, threads = 0;
   app.add_option("--run", run, "run directory (its config.yaml and model.safetensors)")->required();
-  app.add_option("--weights", weights, "weights file (default RUN/model.safetensors)");
+  app.add_option("--weights", weights, "weights file or checkpoint directory (default RUN/model.safetensors)");
   app.add_option("--data", data_dir, "prepared data directory, sentencepiece .model or bytes: the tokenizer (default: the run's)");
   app.add_option("--prompt", prompt, "text to continue (default: start of a document)");
   app.add_option("--tokens", opt.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
@@ -112,7 +113,8 @@ int generate_cli(int argc, char** argv) {
   auto tok = data::load_tokenizer_isolated(data_dir.empty() ? tokenizer_of(run, cfg.data) : data_dir);
   const int64_t data_vocab = static_cast<int64_t>(tok->info().vocab_size);
   LM model = build_model(cfg.model, padded_vocab(cfg.model, data_vocab));
-  load_into_module(*model, load_safetensors(weights), weights);
+  const WeightsReader reader(weights);  // a weights file or a checkpoint directory (whole or in parts)
+  load_into_module(*model, reader.read_all(), reader.what());
   opt.vocab_limit = data_vocab;
   const auto eos = static_cast<int64_t>(tok->info().eos_id);
   if (cfg.data.doc_mask) opt.doc_eos = eos;  // the prompt is one document, positions from 0 (generate.h)
