@@ -213,7 +213,7 @@ class Trainer {
     m_.set_fence(ckpt_.get());
     state_.add(k::kModel, part ? S::kSharded : S::kReplicated, *model_state_);
     state_.add(k::kOptimizer, m_.parallel->shards_optimizer() ? S::kSharded : S::kReplicated, *m_.opt);
-    if (m_.ema) m_.ema->set_part(part), state_.add(k::kEma, part ? S::kSharded : S::kReplicated, *m_.ema, /*optional=*/true);
+    if (m_.ema) state_.add(k::kEma, m_.ema->part() ? S::kSharded : S::kReplicated, *m_.ema, /*optional=*/true);
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
     state_.add(k::kMetrics, S::kReplicated, telemetry_.train_log());

@@ -14,8 +14,11 @@ namespace lm {
 
 class Ema : public Stateful {
  public:
-  // Starts as a copy of the current weights. REQUIRES: 0 < decay < 1.
-  Ema(FlatParams& flat, double decay);
+  // Starts as a copy of the current weights. REQUIRES: 0 < decay < 1. part: the ranges this rank
+  // keeps the average of (the parallelism's weights_part(): ZeRO-3 keeps its pieces of the weights
+  // only), the only values it updates, saves (its own part of a sharded checkpoint component) and
+  // loads; the rest of values() is never written here (its pages never touched); unset: all.
+  Ema(FlatParams& flat, double decay, std::optional<std::vector<FlatRange>> part = std::nullopt);
   // ema += (1 - decay) * (params - ema), after each optimizer step. found_inf (optional, 0-dim float
   // on the device, as AdamW::step takes it): where it holds 1 the EMA stays as it was, decided on
   // the device (the fused path's skipped step).
@@ -47,9 +50,7 @@ class Ema : public Stateful {
     } restore{flat_.params(), ranges, saved};
     return fn();
   }
-  // The ranges of the average this rank saves, its own part of a sharded checkpoint component (the
-  // parallelism's weights_part(): ZeRO-3 keeps only its pieces); unset: all of it.
-  void set_part(std::optional<std::vector<FlatRange>> part) { part_ = std::move(part); }
+  const std::optional<std::vector<FlatRange>>& part() const { return part_; }
   // State under "ema": tensors by parameter name (views), or with a part its slices
   // ("<param>[a:b]", flat_state.h). Loads whole or sliced tensors and a sharded checkpoint's parts.
   // A checkpoint without EMA state (EMA was off) restarts the average from the current weights:

@@ -52,13 +52,14 @@ bool parse_flat_slice(const FlatParams& flat, const std::string& name, const tor
 }
 
 void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed, const FlatSlice& s,
-                     const torch::Tensor& t, std::vector<int64_t>* covered) {
+                     const torch::Tensor& t, std::vector<int64_t>* covered, bool indexed) {
   torch::NoGradGuard ng;
   const auto values = t.reshape({-1});
   const int64_t begin = s.offset(), end = begin + s.numel();
   int64_t at = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const auto& r = ranges[i];
+    if (indexed) at = r.offset;
     const int64_t a = std::max(r.offset, begin), b = std::min(r.offset + r.numel, end);
     if (a < b) {
       packed.narrow(0, at + (a - r.offset), b - a).copy_(values.narrow(0, a - begin, b - a));
@@ -68,21 +69,24 @@ void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed
   }
 }
 
-void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what) {
-  const std::vector<FlatRange> all = {{0, flat.numel()}};
-  std::vector<int64_t> covered(1, 0);
+void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what,
+                      const std::vector<FlatRange>* only) {
+  const std::vector<FlatRange> ranges = only ? *only : std::vector<FlatRange>{{0, flat.numel()}};
+  std::vector<int64_t> covered(ranges.size(), 0);
   auto take = [&](const NamedTensors& ts) {
     for (const auto& [name, t] : ts) {
       FlatSlice s;
       parse_flat_slice(flat, name, t, "", what, &s);
-      copy_flat_slice(all, values, s, t, &covered);
+      copy_flat_slice(ranges, values, s, t, &covered, /*indexed=*/true);
     }
   };
   take(st.tensors);
   for (const auto& read_part : st.shards) take(read_part());  // one part in memory at a time
-  if (covered[0] != flat.numel())
+  int64_t got = 0, want = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) got += covered[i], want += ranges[i].numel;
+  if (got != want)
     throw CheckpointError(strf("%s: %lld values from the checkpoint for %lld weights (a part missing, or parts "
-                               "overlapping)", what.c_str(), (long long)covered[0], (long long)flat.numel()));
+                               "overlapping)", what.c_str(), (long long)got, (long long)want));
 }
 
 }  // namespace lm

@@ -40,14 +40,17 @@ NamedTensors flat_slices(const FlatParams& flat, const std::vector<FlatRange>& r
 bool parse_flat_slice(const FlatParams& flat, const std::string& name, const torch::Tensor& t,
                       const std::string& prefix, const std::string& what, FlatSlice* out);
 
-// Copies the values of slice `s` (`t`, any shape of its numel) into `packed` where they fall in
-// `ranges` (as flat_slices lays them out), adding the count copied into each range to covered[i].
-void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed, const FlatSlice& s,
-                     const torch::Tensor& t, std::vector<int64_t>* covered);
+// Copies the values of slice `s` (`t`, any shape of its numel) into `values` where they fall in
+// `ranges` (laid out as flat_slices lays them out: packed, or indexed), adding the count copied into
+// each range to covered[i].
+void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& values, const FlatSlice& s,
+                     const torch::Tensor& t, std::vector<int64_t>* covered, bool indexed = false);
 
 // A component's saved tensors (whole "<param>" or sliced, and the parts of a sharded one, read one
-// at a time: ComponentState::shards) copied into `values`, laid out as the flat buffer (all of
-// it). Every value must come exactly once: else CheckpointError naming `what` and the values.
-void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what);
+// at a time: ComponentState::shards) copied into `values`, laid out as the flat buffer: all of it,
+// or only the values in `only` (a rank that keeps its pieces: the rest of `values` is not touched).
+// Every value wanted must come exactly once: else CheckpointError naming `what` and the count.
+void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what,
+                      const std::vector<FlatRange>* only = nullptr);
 
 }  // namespace lm

@@ -52,7 +52,7 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                                  cfg.train.micro_batch_size});
   m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
   if (cfg.train.ema_decay > 0) {
-    m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay);
+    m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay, m.parallel->weights_part());
     m.parallel->track_like_params(m.ema->values());
   }
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
