@@ -418,7 +418,7 @@ TEST(LoaderBucketedTest, StepBlocksDealTheSameMicroBatchesAtAnyWorldSize) {
                                     G / W, blocks);
   };
   // Every step's G global micro-batches at world size W (resumed at `then` ranks after `cut` steps).
-  auto run = [&](int W, int64_t cut = steps, int then = 0) {
+  auto run = [&](int W, int64_t cut, int then) {  // cut == steps: no cut
     std::vector<std::vector<Batch>> out(steps, std::vector<Batch>(G));
     std::vector<int64_t> step_tokens(steps, 0);
     std::vector<std::unique_ptr<Loader>> ranks;
@@ -439,7 +439,7 @@ TEST(LoaderBucketedTest, StepBlocksDealTheSameMicroBatchesAtAnyWorldSize) {
     }
     return std::make_pair(out, step_tokens);
   };
-  const auto one = run(1);
+  const auto one = run(1, steps, 0);
   auto plain = loader(0, 1, false);
   int64_t padded_below_T = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -458,8 +458,10 @@ TEST(LoaderBucketedTest, StepBlocksDealTheSameMicroBatchesAtAnyWorldSize) {
     const auto got = run(W, cut, then);
     for (int64_t s = 0; s < steps; ++s) {
       for (int64_t j = 0; j < G; ++j) {
-        Batch a = one.first[s][j], b = got.first[s][j];
-        a.index = b.index = 0, a.epoch = b.epoch = 0;  // a rank's count; the epoch at the call's cursor
+        Batch a = one.first[s][j];
+        Batch b = got.first[s][j];
+        a.index = b.index = 0;
+        a.epoch = b.epoch = 0;  // a rank's count; the epoch at the call's cursor
         expect_same(a, b, "world " + std::to_string(W) + " cut " + std::to_string(cut) + ": step " +
                               std::to_string(s) + " micro-batch " + std::to_string(j));
       }
