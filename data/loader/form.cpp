@@ -67,7 +67,7 @@ class Mixture final : public DataForm {
 
   PlannedStream plan(const DataConfig& c, const std::vector<const ShardSet*>& sets, const std::vector<Manifest>& sources,
                      const StreamArgs& a) const override {
-    if (a.step_block > 0) throw Error("Loader: step blocks (dist.invariant) need packed data.train");
+    if (a.step_block > 0) throw Error("Loader: step blocks (dist.invariant) need data.train, not a mixture");
     std::vector<MixSource> mix;
     for (size_t i = 0; i < sources.size(); ++i) mix.push_back({sets.at(i), sources[i].data_version});
     const std::string hash = sources.at(0).tokenizer.hash;

@@ -85,7 +85,8 @@ Loader::Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, cons
   for (const auto& m : sources) impl_->open(c, m, split, seq_len);
   const Manifest& first = sources[0];
   impl_->bucketed = c.bucketed();
-  if (step_blocks && c.bucketed()) throw Error("Loader: step blocks (dist.invariant) need packed data.train");
+  if (step_blocks && c.bucketed() && c.token_budget > 0)
+    throw Error("Loader: step blocks (dist.invariant) need micro-batches of micro_batch rows (no data.token_budget)");
   std::vector<const ShardSet*> sets;
   for (const auto& s : impl_->sets) sets.push_back(s.get());
   impl_->stream = data_form(c).plan(c, sets, sources, {split, seq_len, micro_batch, rank, world_size, seed, micro_per_step,

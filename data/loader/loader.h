@@ -31,6 +31,8 @@
 //             <= token_budget, k as large as fits; a batch never crosses a block, the block's last
 //             batch takes the rest (ranks get k or k+1 rows within the budget; if the budget is below
 //             2*seq_len a rank can get 0 rows at a block's end).
+//             Step blocks (dist.invariant, Loader's step_blocks): batches are cut and sorted as at
+//             world size 1 and each rank takes whole ones (see there).
 //             Padding: to the longest sample of the rank's batch minus one, rounded up to
 //             pad_multiple (at most T); inputs padded with tokenizer.pad_id, targets with -1.
 //
@@ -122,7 +124,7 @@ struct Batch {
 
 // How bucketed batches are cut (part of the resume state; unused in packed mode).
 struct BatchLayout {
-  int64_t ranks = 1;         // world size
+  int64_t ranks = 1;         // world size; 1 under step blocks (dist.invariant: micro-batches cut whole)
   int64_t rows = 0;          // fixed size: rows per rank; 0 = token budget
   int64_t token_budget = 0;  // budget mode: padded tokens per rank
   int64_t pad_multiple = 1;  // budget mode: rounding of the padded length
@@ -154,11 +156,14 @@ class Loader {
   // Validates the split (every shard's header and sizes against the manifest, checksums when
   // verify=full) and throws DataError naming the file on any problem, before starting workers.
   // Bad option values throw ConfigError naming the data.* key (validate(), data_config.h).
-  // step_blocks (dist.invariant; packed data.train only): the micro_per_step global batches of a
-  // step are dealt as contiguous blocks instead: the step's W*micro_per_step micro-batches of
-  // micro_batch samples are the next samples of the stream in order, global micro-batch i being
-  // samples [i*B, (i+1)*B) of the step at any world size, and rank r's k-th next() returns global
-  // micro-batch r*micro_per_step + k (resumes land on step boundaries).
+  // step_blocks (dist.invariant; data.train, packed or bucketed without token_budget): the
+  // micro_per_step global batches of a step are dealt as contiguous blocks instead: the step's
+  // W*micro_per_step micro-batches of micro_batch samples are the next samples of the stream in
+  // order, global micro-batch i being samples [i*B, (i+1)*B) of the step at any world size, and rank
+  // r's k-th next() returns global micro-batch r*micro_per_step + k (resumes land on step
+  // boundaries). Bucketed, the blocks are cut into micro-batches of B samples (the layout's ranks is
+  // 1: the stream of a 1-rank run), each sorted longest first and taken whole by one rank, so its
+  // rows and padding are the same at any world size.
   // REQUIRES: 0 <= rank < world_size; sources.size() == cfg.sources.size().
   Loader(const DataConfig& cfg, const std::vector<Manifest>& sources, const std::string& split, int64_t seq_len,
          int64_t micro_batch, int rank, int world_size, uint64_t seed, int64_t micro_per_step = 1,

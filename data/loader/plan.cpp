@@ -78,7 +78,8 @@ Planner::Planner(const DataConfig& c, const ShardSet& set, int64_t seq_len, int6
                          static_cast<long long>(T_) + 1));
   S_ = std::min<uint64_t>(static_cast<uint64_t>(c.shuffle_buffer), n_);
   blocks_per_epoch_ = (n_ + S_ - 1) / S_;
-  own_.ranks = world;
+  // Step blocks cut bucketed micro-batches whole (one rank's B rows), the same at any world size.
+  own_.ranks = step_block_ > 0 ? 1 : world;
   if (bucketed_ && c.token_budget > 0) {
     own_.token_budget = c.token_budget;
     own_.pad_multiple = c.pad_multiple;
@@ -284,14 +285,23 @@ void Planner::forget_before(uint64_t i) {
   epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(i / n_)));
 }
 
+uint64_t Planner::in_step() const {
+  const uint64_t WB = static_cast<uint64_t>(world_ * B_), A = static_cast<uint64_t>(step_block_);
+  return (cursor_ - step_anchor_) / WB % A;
+}
+
+uint64_t Planner::step_start() const {
+  return step_block_ > 0 ? cursor_ - in_step() * static_cast<uint64_t>(world_ * B_) : cursor_;
+}
+
+uint64_t Planner::micro_first(int rank) const {
+  const auto k = static_cast<int64_t>(in_step());
+  return step_start() + static_cast<uint64_t>(step_block(rank, step_block_).at(k) * B_);
+}
+
 void Planner::next_packed(Plan& p) {
   uint64_t first = cursor_ + static_cast<uint64_t>(rank_ * B_);
-  if (step_block_ > 0) {  // contiguous blocks: batch k of the step is global micro-batch rank*A + k
-    const uint64_t WB = static_cast<uint64_t>(world_ * B_), A = static_cast<uint64_t>(step_block_);
-    const uint64_t k = (cursor_ - step_anchor_) / WB % A;
-    const auto global = static_cast<uint64_t>(step_block(rank_, step_block_).at(static_cast<int64_t>(k)));
-    first = cursor_ - k * WB + global * static_cast<uint64_t>(B_);
-  }
+  if (step_block_ > 0) first = micro_first(rank_);  // contiguous blocks: batch k of the step is global micro-batch rank*A + k
   int64_t tokens = 0;
   for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) p.rows.push_back(sample(i, p, &tokens));
   cursor_ += static_cast<uint64_t>(world_) * static_cast<uint64_t>(B_);
@@ -301,6 +311,27 @@ void Planner::next_packed(Plan& p) {
 void Planner::next_bucketed(Plan& p) {
   const uint64_t W = static_cast<uint64_t>(world_);
   std::vector<Ref> batch;
+  if (step_block_ > 0) {  // step blocks: this rank's whole micro-batch rank*A + k of the step (fixed size only)
+    auto rows = [&](uint64_t first) {
+      std::vector<Ref> v;
+      for (uint64_t i = first; i < first + static_cast<uint64_t>(B_); ++i) {
+        const BlockTable& t = block(block_of(i));
+        v.push_back(t.order[i - t.start]);
+      }
+      return v;
+    };
+    int64_t tokens = 0;  // of the W micro-batches the ranks take at this call: the global batch
+    for (int r = 0; r < world_; ++r) {
+      std::vector<Ref> v = rows(micro_first(r));
+      for (const Ref& x : v) tokens += static_cast<int64_t>(x.len) - 1;
+      if (r == rank_) batch = std::move(v);
+    }
+    cursor_ += W * static_cast<uint64_t>(B_);
+    p.source_tokens = {tokens};
+    std::stable_sort(batch.begin(), batch.end(), longer);
+    for (const Ref& x : batch) p.rows.push_back({nullptr, 0, x, 0});
+    return;
+  }
   if (fixed_size(layout_)) {
     for (uint64_t i = cursor_, end = cursor_ + W * static_cast<uint64_t>(B_); i < end; ++i) {
       const BlockTable& t = block(block_of(i));
@@ -346,11 +377,11 @@ Plan Planner::next() {
   if (bucketed_) next_bucketed(p);
   else next_packed(p);
   p.cursor_after = cursor_;
-  // Forget the tables behind the cursor.
-  const uint64_t g = block_of(cursor_);
+  // Forget the tables behind the cursor (step blocks: behind the step, which later calls read from).
+  const uint64_t from = step_start(), g = block_of(from);
   perms_.erase(perms_.begin(), perms_.lower_bound(g));
   blocks_.erase(blocks_.begin(), blocks_.lower_bound(g));
-  epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(cursor_ / n_)));
+  epochs_.erase(epochs_.begin(), epochs_.lower_bound(static_cast<int64_t>(from / n_)));
   read_ahead_from(cursor_);
   return p;
 }

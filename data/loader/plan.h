@@ -81,8 +81,10 @@ class Planner : public BatchPlanner {
  public:
   // `set` holds stream_units() of its shards. Throws DataError naming the directory and split when
   // the split holds no sample (packed: fewer than seq_len+1 stream tokens).
-  // step_block > 0 (packed; Loader's step_blocks): a step of step_block global batches is dealt in
-  // contiguous blocks, rank r's k-th batch of the step being global micro-batch r*step_block + k.
+  // step_block > 0 (Loader's step_blocks; packed, or bucketed without token budget): a step of
+  // step_block global batches is dealt in contiguous blocks, rank r's k-th batch of the step being
+  // global micro-batch r*step_block + k. Bucketed, the blocks are cut into micro-batches of
+  // micro_batch rows (the layout's ranks is 1), each taken whole by one rank.
   Planner(const DataConfig& c, const ShardSet& set, int64_t seq_len, int64_t micro_batch, int rank, int world,
           uint64_t seed, int64_t step_block = 0);
   Planner(const Planner&) = delete;
@@ -135,6 +137,11 @@ class Planner : public BatchPlanner {
   std::vector<size_t> budget_cuts(const std::vector<Ref>& v, size_t pos, const BatchLayout& l) const;
   void order_block(BlockTable& t, const std::vector<Ref>& v, const BatchLayout& l, uint64_t g) const;
   const BlockTable& block(uint64_t g);
+  // Step blocks: this call's micro-batch index in the step, the stream index of the step's first
+  // sample (the cursor without step blocks), and the first sample of rank's micro-batch of this call.
+  uint64_t in_step() const;
+  uint64_t step_start() const;
+  uint64_t micro_first(int rank) const;
   void next_packed(Plan& p);
   void next_bucketed(Plan& p);
   std::vector<uint32_t> upcoming(uint64_t cursor, size_t k);

@@ -136,8 +136,6 @@ static void check_invariant(const ExperimentConfig& c) {
   if (c.data.token_budget > 0)
     throw ConfigError("key 'data.token_budget': dist.invariant needs micro-batches of train.micro_batch_size rows; set "
                       "data.token_budget=0");
-  if (c.data.bucketed())
-    throw ConfigError("key 'data.mode': dist.invariant runs packed batches only (data.mode=packed)");
   if (!c.data.train_form && !c.data.sources.empty())
     throw ConfigError("key 'data.sources': dist.invariant runs one data stream (data.train) only, not a mixture");
   if (c.dist.zero > 1)
