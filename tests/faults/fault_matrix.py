@@ -12,8 +12,9 @@ Faults, in turn (each with its own seeded draw):
   kill_rank     SIGKILL of one rank of a 2-rank run under build/bin/launch (both ranks are
                 fault_trainer without a fault: the journal has the durable steps), likewise
   kill_part     a 2-rank run with ZeRO (dist.zero 3, 2, 1 in turn: each rank writes its own part of
-                the optimizer state) under build/bin/launch: one rank (drawn) is SIGKILLed at its Nth
-                write into its part file, inside a sharded save; the launcher restarts the group
+                the optimizer state, and under ZeRO-3 of the weights too) under build/bin/launch: one
+                rank (drawn) is SIGKILLed at its Nth write into its part files, inside a sharded
+                save; the launcher restarts the group
   kill_writer   SIGKILL of the asynchronous checkpoint writer at its Nth file-system call
   kill_rename   SIGKILL just before the Nth rename (checkpoint commits, atomic files)
   kill_renamed  SIGKILL just after the Nth rename, before its directory is fsync'd
@@ -57,7 +58,8 @@ LAUNCHED = ("kill_rank", "kill_part")  # kinds run under build/bin/launch, 2 ran
 ZERO = ("dist.zero=1",)  # kill_part's reference run
 # kill_part's faults take the stages in turn (ZeRO-3 first: CI's short form draws two kill_part faults).
 # Every stage writes the same optimizer parts and gives the bits of the others, so all are compared
-# with the ZeRO-1 reference.
+# with the ZeRO-1 reference. ZeRO-3 writes the weights' parts first (model.part_<r> before
+# optimizer.part_<r>): N drawn from the reference's optimizer writes falls in both kinds of file.
 ZERO_STAGES = (("dist.zero=3",), ("dist.zero=2",), ("dist.zero=1",))
 MAX_ATTEMPTS = 6
 STEPS = 24

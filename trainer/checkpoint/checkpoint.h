@@ -2,7 +2,7 @@
 //
 // RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run/run_dir.h)
 //   <key>.safetensors  tensors of each replicated component (model, optimizer, ema)     rank 0
-//   <key>.part_<r>.safetensors  rank r's part of a sharded component (sharded optimizer)  every rank
+//   <key>.part_<r>.safetensors  rank r's part of a sharded component (sharded optimizer, ZeRO-3's weights and EMA)  every rank
 //   state.json         magic, version, step, run facts, replicated components' values  rank 0
 //   rank_<r>.json      that rank's components (loader state, RNG streams)               every rank
 //   manifest.json      magic, version, every file with bytes and xxh64                  rank 0, LAST

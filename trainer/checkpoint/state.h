@@ -6,7 +6,8 @@
 // Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
 //   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
 //   <key>.part_<r>.safetensors  rank r's part of a sharded component's tensors (the
-//                      optimizer a parallelism shards; values in state.json)        every rank
+//                      optimizer a parallelism shards; ZeRO-3's weights and EMA;
+//                      slices "<param>[a:b]", trainer/optim/flat_state.h; values in state.json)  every rank
 //   state.json         {"magic", "version", "step", "world_size", "run": {...},
 //                       "components": {<key>: <values>}} for the replicated components  rank 0
 //   rank_<r>.json      {"rank", "components": {<key>: <values>}} for the per-rank ones  every rank

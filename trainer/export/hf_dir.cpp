@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "common/errors.h"
@@ -21,24 +22,24 @@
 namespace lm {
 namespace {
 
-std::string shape_str(const torch::Tensor& t) {
+std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
 // Every tensor of `want` in `have` with the same shape, and nothing else; throws naming the first that is not.
-void check_tensors(const std::string& file, const TensorPairs& want, const NamedTensors& have) {
-  std::map<std::string, torch::Tensor> got(have.begin(), have.end());
-  for (const auto& [name, t] : want) {
-    auto it = got.find(name);
-    if (it == got.end()) throw CheckpointError(file + ": missing tensor '" + name + "'");
-    if (it->second.sizes() != t.sizes())
-      throw CheckpointError(file + ": tensor '" + name + "' has shape " + shape_str(it->second) +
-                            ", the config gives " + shape_str(t));
-    got.erase(it);
+void check_tensors(const std::string& file, const std::vector<TensorSpec>& want, const SafetensorsReader& have) {
+  std::set<std::string> got(have.names().begin(), have.names().end());
+  for (const auto& w : want) {
+    if (!got.count(w.name)) throw CheckpointError(file + ": missing tensor '" + w.name + "'");
+    const TensorSpec h = have.spec(w.name);
+    if (h.shape != w.shape)
+      throw CheckpointError(file + ": tensor '" + w.name + "' has shape " + shape_str(h.shape) + ", the config gives " +
+                            shape_str(w.shape));
+    got.erase(w.name);
   }
-  if (!got.empty()) throw CheckpointError(file + ": unexpected tensor '" + got.begin()->first + "'");
+  if (!got.empty()) throw CheckpointError(file + ": unexpected tensor '" + *got.begin() + "'");
 }
 
 }  // namespace
@@ -112,10 +113,26 @@ void init_from_hf(LMImpl& m, const std::string& dir) {
   // compared before the tensors, so the field is named rather than a shape it implies.
   const std::string differs = hf_config_mismatch(m.cfg, m.vocab, j);
   if (!differs.empty()) throw CheckpointError(config + " (model.init_from): " + differs);
-  auto tensors = load_safetensors(weights);
-  check_tensors(weights, to_hf(m.cfg, module_tensors(m)), tensors);
-  load_into_module(m, from_hf(m.cfg, tensors), weights);
-  log::info("model.init_from: loaded " + std::to_string(tensors.size()) + " tensors from " + weights);
+  // Tensor by tensor: the names and shapes checked first (each of ours converted alone), then each
+  // read, converted and copied in (never the file's tensors all in memory beside the model's).
+  const SafetensorsReader in(weights);
+  std::vector<TensorSpec> specs;
+  std::map<std::string, torch::Tensor> ours;
+  for (const auto& [name, t] : module_tensors(m)) {
+    ours[name] = t;
+    const auto hf = to_hf(m.cfg, {{name, t}});
+    specs.push_back(TensorSpec::of(hf.at(0).first, hf.at(0).second));
+  }
+  check_tensors(weights, specs, in);
+  torch::NoGradGuard ng;
+  for (const auto& name : in.names()) {
+    const auto back = from_hf(m.cfg, {{name, in.read(name)}});
+    auto& dst = ours.at(back.at(0).first);
+    if (back.at(0).second.sizes() != dst.sizes())
+      throw CheckpointError(weights + ": tensor '" + name + "' does not fit " + back.at(0).first);
+    dst.copy_(back.at(0).second);
+  }
+  log::info("model.init_from: loaded " + std::to_string(in.names().size()) + " tensors from " + weights + " one at a time");
 }
 
 }  // namespace lm
