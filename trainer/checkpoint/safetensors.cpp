@@ -114,11 +114,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   f.commit();
 }
 
-namespace {
-
 // One tensor of a safetensors header: its byte range in the data section, its dtype and shape, and
-// (once allocated) its memory.
-struct HeaderEntry {
+// (once allocated) its memory. (Not in the anonymous namespace: SafetensorsReader::Impl holds them.)
+struct SafetensorsHeaderEntry {
   uint64_t begin, end;
   std::string name;
   torch::ScalarType dtype;
@@ -126,6 +124,10 @@ struct HeaderEntry {
   torch::Tensor t;
   void allocate() { t = torch::empty(shape, torch::TensorOptions().dtype(dtype)); }
 };
+
+namespace {
+
+using HeaderEntry = SafetensorsHeaderEntry;
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& why) {
   throw CheckpointError(path + ": not a valid safetensors file (" + why + ")");
@@ -258,7 +260,7 @@ struct SafetensorsReader::Impl {
   int fd = -1;
   std::string path;
   uint64_t data_start = 0;
-  std::map<std::string, HeaderEntry> entries;
+  std::map<std::string, SafetensorsHeaderEntry> entries;
   ~Impl() {
     if (fd >= 0) ::close(fd);
   }
@@ -300,7 +302,7 @@ TensorSpec SafetensorsReader::spec(const std::string& name) const {
 torch::Tensor SafetensorsReader::read(const std::string& name) const {
   auto it = impl_->entries.find(name);
   if (it == impl_->entries.end()) throw CheckpointError(impl_->path + ": no tensor '" + name + "'");
-  HeaderEntry e = it->second;
+  SafetensorsHeaderEntry e = it->second;
   e.allocate();
   try {
     files::pread_all(impl_->fd, impl_->path, impl_->data_start + e.begin, e.t.data_ptr(), e.end - e.begin);
