@@ -21,8 +21,10 @@
 // parallelism, bit for bit), so between steps a rank keeps 1/W of the weights, the gradients and the
 // moments. Checkpoints save each rank's pieces of the weights and of the EMA as they are, one part
 // per rank (weights_part); the final weights are written one tensor at a time, each gathered alone
-// (gather_weights). Evaluation still makes the weights and the EMA (track_like_params) whole first
-// (before_snapshot: every piece broadcast by its owner; logged, with a count).
+// (gather_weights); the validation forwards gather unit by unit as the steps do (the EMA's pieces
+// swapped in, weights_replaced). Only eval.tasks still makes the weights and the EMA
+// (track_like_params) whole first (before_snapshot: every piece broadcast by its owner; logged,
+// with a count).
 #pragma once
 
 #include <torch/torch.h>
