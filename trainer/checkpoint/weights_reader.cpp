@@ -4,28 +4,30 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 
 #include "common/errors.h"
 #include "common/files.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/optim/flat_state.h"
 
 namespace lm {
 
 WeightsReader::WeightsReader(const std::string& path) : what_(path) {
   if (!files::exists(path)) throw CheckpointError(path + ": no such weights file or checkpoint");
-  if (!std::filesystem::is_directory(path)) {
-    files_.push_back(std::make_unique<SafetensorsReader>(path));
+  auto whole = [&](const std::string& file) {  // one file of the whole tensors
+    what_ = file;
+    files_.push_back(std::make_unique<SafetensorsReader>(file));
     for (const auto& n : files_[0]->names()) specs_.emplace(n, files_[0]->spec(n)), names_.push_back(n);
+  };
+  if (!std::filesystem::is_directory(path)) {
+    whole(path);
     return;
   }
   if (const std::string why = Checkpointer::verify(path); !why.empty())
     throw CheckpointError(path + ": not a checkpoint that verifies (" + why + ")");
   if (files::exists(path + "/model.safetensors")) {
-    what_ = path + "/model.safetensors";
-    files_.push_back(std::make_unique<SafetensorsReader>(what_));
-    for (const auto& n : files_[0]->names()) specs_.emplace(n, files_[0]->spec(n)), names_.push_back(n);
+    whole(path + "/model.safetensors");
     return;
   }
   nlohmann::json state;
@@ -41,12 +43,10 @@ WeightsReader::WeightsReader(const std::string& path) : what_(path) {
   std::sort(names_.begin(), names_.end());
   for (size_t p = 0; p < files_.size(); ++p)
     for (const auto& t : files_[p]->names()) {
-      const auto open = t.rfind('[');
-      long long a = 0, b = 0;
-      char tail = 0;
-      if (open == std::string::npos || std::sscanf(t.c_str() + open, "[%lld:%lld%c", &a, &b, &tail) != 3 || tail != ']')
+      std::string name;
+      int64_t a = 0, b = -1;
+      if (!split_slice_name(t, &name, &a, &b) || b < 0)
         throw CheckpointError(what_ + ": tensor '" + t + "' is not a slice <param>[a:b]");
-      const std::string name = t.substr(0, open);
       if (!specs_.count(name)) throw CheckpointError(what_ + ": tensor '" + t + "' names no parameter of state.json's");
       slices_[name].push_back({p, t, a, b});
     }

@@ -16,13 +16,12 @@ Ema::Ema(FlatParams& flat, double decay, std::optional<std::vector<FlatRange>> p
     return;
   }
   ema_ = torch::empty_like(flat.params());  // pages outside the part never touched
-  for (const auto& r : *part_) ema_.narrow(0, r.offset, r.numel).copy_(flat.params().narrow(0, r.offset, r.numel));
+  for (const auto& r : ranges()) ema_.narrow(0, r.offset, r.numel).copy_(flat.params().narrow(0, r.offset, r.numel));
 }
 
 void Ema::update(const torch::Tensor& found_inf) {
   if (fence_) fence_->before_write();
   torch::NoGradGuard ng;
-  const std::vector<FlatRange> all = {{0, flat_.numel()}};
   if (ema_.is_cpu() && ema_.scalar_type() == torch::kFloat) {
     // Value by value, the same arithmetic wherever a value sits (ATen's lerp takes another path in
     // its vector body than in its tail, so a range's cut would change the bits): lerp's formula.
@@ -30,13 +29,13 @@ void Ema::update(const torch::Tensor& found_inf) {
     const float w = static_cast<float>(1.0 - decay_);
     float* e = ema_.data_ptr<float>();
     const float* p = flat_.params().data_ptr<float>();
-    for (const auto& r : part_ ? *part_ : all)
+    for (const auto& r : ranges())
       at::parallel_for(r.offset, r.offset + r.numel, 1 << 16, [&](int64_t a, int64_t b) {
         for (int64_t i = a; i < b; ++i) e[i] = w < 0.5f ? e[i] + w * (p[i] - e[i]) : p[i] - (p[i] - e[i]) * (1.0f - w);
       });
     return;
   }
-  for (const auto& r : part_ ? *part_ : all) {
+  for (const auto& r : ranges()) {
     auto e = ema_.narrow(0, r.offset, r.numel);
     const auto p = flat_.params().narrow(0, r.offset, r.numel);
     if (!found_inf.defined()) e.lerp_(p, 1.0 - decay_);
@@ -56,9 +55,8 @@ ComponentState Ema::state() const {
 
 void Ema::load_state(const ComponentState* st) {
   torch::NoGradGuard ng;
-  const std::vector<FlatRange> all = {{0, flat_.numel()}};
   if (!st || (st->tensors.empty() && st->shards.empty())) {
-    for (const auto& r : part_ ? *part_ : all) ema_.narrow(0, r.offset, r.numel).copy_(flat_.params().narrow(0, r.offset, r.numel));
+    for (const auto& r : ranges()) ema_.narrow(0, r.offset, r.numel).copy_(flat_.params().narrow(0, r.offset, r.numel));
     return;
   }
   load_flat_values(flat_, ema_, *st, "ema state", part_ ? &*part_ : nullptr);

@@ -62,6 +62,8 @@ class Ema : public Stateful {
   FlatParams& flat_;
   double decay_;
   WriteFence* fence_ = nullptr;
+  // The ranges this average keeps: its part, or all of it.
+  std::vector<FlatRange> ranges() const { return part_ ? *part_ : std::vector<FlatRange>{{0, flat_.numel()}}; }
   torch::Tensor ema_;  // (numel,) like flat_.params()
   std::optional<std::vector<FlatRange>> part_;
 };

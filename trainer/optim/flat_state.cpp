@@ -27,18 +27,25 @@ NamedTensors flat_slices(const FlatParams& flat, const std::vector<FlatRange>& r
   return out;
 }
 
+bool split_slice_name(const std::string& name, std::string* param, int64_t* a, int64_t* b) {
+  *param = name, *a = 0, *b = -1;
+  const auto open = name.rfind('[');
+  if (open == std::string::npos || name.back() != ']') return true;
+  long long x = 0, y = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str() + open, "[%lld:%lld%c", &x, &y, &tail) != 3 || tail != ']') return false;
+  param->resize(open);
+  *a = x, *b = y;
+  return true;
+}
+
 bool parse_flat_slice(const FlatParams& flat, const std::string& name, const torch::Tensor& t,
                       const std::string& prefix, const std::string& what, FlatSlice* out) {
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
-  std::string param = name.substr(prefix.size());
-  long long a = 0, b = -1;
-  const auto open = param.rfind('[');
-  if (open != std::string::npos && param.back() == ']') {
-    char tail = 0;
-    if (std::sscanf(param.c_str() + open, "[%lld:%lld%c", &a, &b, &tail) != 3 || tail != ']')
-      throw CheckpointError(what + ": tensor '" + name + "' has a malformed slice (expected <param>[a:b])");
-    param.resize(open);
-  }
+  std::string param;
+  int64_t a = 0, b = -1;
+  if (!split_slice_name(name.substr(prefix.size()), &param, &a, &b))
+    throw CheckpointError(what + ": tensor '" + name + "' has a malformed slice (expected <param>[a:b])");
   const FlatParams::Entry* entry = nullptr;
   for (const auto& e : flat.entries())
     if (e.name == param) entry = &e;

@@ -34,6 +34,10 @@ struct FlatSlice {
 NamedTensors flat_slices(const FlatParams& flat, const std::vector<FlatRange>& ranges, const torch::Tensor& values,
                          const std::string& prefix = "", bool indexed = false);
 
+// Splits "<param>[a:b]" into its parameter and a, b; "<param>" gives b = -1 (all of it). false: a
+// '[' ... ']' tail that is not a slice.
+bool split_slice_name(const std::string& name, std::string* param, int64_t* a, int64_t* b);
+
 // Parses a saved tensor's name (after `prefix`) against the flat parameters and checks `t` fits
 // it. false: the name does not start with `prefix`. Throws CheckpointError naming `what` and the
 // tensor for a name of no parameter, a malformed slice, or values that do not fit.

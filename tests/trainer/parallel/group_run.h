@@ -19,6 +19,7 @@
 
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/optim/flat_state.h"
 
 namespace lm::test {
 
@@ -102,10 +103,12 @@ inline std::map<std::string, torch::Tensor> checkpoint_component(const std::stri
   std::map<std::string, std::vector<std::pair<int64_t, torch::Tensor>>> slices;
   for (int r = 0; std::filesystem::exists(dir + "/" + key + ".part_" + std::to_string(r) + ".safetensors"); ++r)
     for (auto& [name, t] : load_safetensors(dir + "/" + key + ".part_" + std::to_string(r) + ".safetensors")) {
-      const auto open = name.rfind('[');
-      EXPECT_NE(open, std::string::npos) << name;
-      if (open == std::string::npos) continue;
-      slices[name.substr(0, open)].emplace_back(std::stoll(name.substr(open + 1)), t.reshape({-1}));
+      std::string param;
+      int64_t a = 0, b = -1;
+      const bool sliced = split_slice_name(name, &param, &a, &b) && b >= 0;
+      EXPECT_TRUE(sliced) << name;
+      if (!sliced) continue;
+      slices[param].emplace_back(a, t.reshape({-1}));
     }
   for (auto& [name, parts] : slices) {
     std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
