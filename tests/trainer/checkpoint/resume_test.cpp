@@ -264,9 +264,11 @@ TEST_F(ResumeE2E, OtherArchitectureOrDataIsRefusedUnlessForced) {
 
 TEST_F(ResumeE2E, AutoIntervalFromYoungDaly) {
   TempDir run;
-  // MTBF of ~0.4 s makes sqrt(2 * MTBF * C) a handful of steps (LibTorch 2.6's steps are shorter).
+  // An MTBF of 3.6 ms makes sqrt(2 * MTBF * C) 8-19 ms for a save stall C of 10-50 ms: a handful of
+  // steps even where LibTorch 2.14 steps this model in 2 ms (an MTBF of 0.36 s gave intervals of 30
+  // steps there, so 60 steps saved twice).
   auto r = test::run_bin("trainer", quick_args(data_, run.path(), {"train.max_steps=60", "checkpoint.every_steps=auto",
-                                                                    "checkpoint.mtbf_hours=0.0001", "checkpoint.keep_last=0"}));
+                                                                    "checkpoint.mtbf_hours=0.000001", "checkpoint.keep_last=0"}));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("checkpoint interval:"), std::string::npos) << r.out;
   EXPECT_GE(test::metrics_of_kind(run / "metrics.jsonl", "checkpoint").size(), 3u);
