@@ -133,7 +133,10 @@ class Trainer {
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     m_.model->train();
-    if (tasks_) m_.parallel->before_snapshot(), score_tasks();  // the untrained (or resumed) model's scores, before its first step
+    if (tasks_) {  // the untrained (or resumed) model's scores, before its first step
+      if (!m_.parallel->weights_part()) m_.parallel->before_snapshot();  // else gathered unit by unit (lockstep)
+      score_tasks();
+    }
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
@@ -199,7 +202,10 @@ class Trainer {
     configure_math(cfg_.train.threads, device_, cfg_.dist.invariant);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
-    if (eval_ && m_.parallel->weights_part()) eval_->set_lockstep(true);  // its forwards gather weights
+    if (m_.parallel->weights_part()) {  // their forwards gather the weights: every rank runs as many
+      if (eval_) eval_->set_lockstep(true);
+      if (tasks_) tasks_->set_lockstep(true);
+    }
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -317,12 +323,12 @@ class Trainer {
   bool eval_due(int64_t step) const { return (eval_ || tasks_) && cfg_.eval.due(step, cfg_.train.max_steps); }
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
   // the downstream tasks' scores (the trained weights). Weights kept in parts (ZeRO-3) are gathered
-  // unit by unit inside the validation forwards (the ranks in lockstep; the EMA's pieces swapped
-  // in); the tasks, whose forwards differ per rank, still read them whole.
+  // unit by unit inside the validation and task forwards (the ranks in lockstep; the EMA's pieces
+  // swapped in).
   void evaluate() {
     if (!tasks_ && !eval_) return;
     const auto part = m_.parallel->weights_part();
-    const bool by_units = part && !tasks_;
+    const bool by_units = part.has_value();
     if (!by_units) m_.parallel->before_snapshot();  // each rank evaluates its own batches with whole weights
     if (tasks_) score_tasks();
     if (!eval_) return;

@@ -67,16 +67,15 @@ class Mixture final : public DataForm {
 
   PlannedStream plan(const DataConfig& c, const std::vector<const ShardSet*>& sets, const std::vector<Manifest>& sources,
                      const StreamArgs& a) const override {
-    if (a.step_block > 0) throw Error("Loader: step blocks (dist.invariant) need data.train, not a mixture");
     std::vector<MixSource> mix;
     for (size_t i = 0; i < sources.size(); ++i) mix.push_back({sets.at(i), sources[i].data_version});
     const std::string hash = sources.at(0).tokenizer.hash;
     auto p = std::make_unique<MixPlanner>(c, mix, hash, a.seq_len, a.micro_batch, a.rank, a.world, a.seed,
-                                          a.micro_per_step);
+                                          a.micro_per_step, a.step_block);
     PlannedStream s;
     s.counter = [c, mix, hash, a] {
       auto q = std::make_unique<MixPlanner>(c, mix, hash, a.seq_len, a.micro_batch, a.rank, a.world, a.seed,
-                                            a.micro_per_step);
+                                            a.micro_per_step, a.step_block);
       q->set_quiet();
       return q;
     };

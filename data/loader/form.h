@@ -39,7 +39,7 @@ struct StreamArgs {
   uint64_t seed = 0;
   int64_t micro_per_step = 1;
   // > 0 (dist.invariant; the Loader's step_blocks): a step's global micro-batches dealt to the ranks
-  // in contiguous blocks of this many (Planner's step_block); only data.train's one stream has it.
+  // in contiguous blocks of this many (Planner's and MixPlanner's step_block).
   int64_t step_block = 0;
 };
 

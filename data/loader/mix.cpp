@@ -60,9 +60,13 @@ MixState MixState::from_json(const std::string& text) {
 // ---- the planner -------------------------------------------------------------------------------
 
 MixPlanner::MixPlanner(const DataConfig& c, const std::vector<MixSource>& sources, const std::string& tokenizer_hash,
-                       int64_t seq_len, int64_t micro_batch, int rank, int world, uint64_t seed, int64_t micro_per_step)
+                       int64_t seq_len, int64_t micro_batch, int rank, int world, uint64_t seed, int64_t micro_per_step,
+                       int64_t step_block)
     : c_(c), bucketed_(c.bucketed()), T_(seq_len), B_(micro_batch), accum_(std::max<int64_t>(1, micro_per_step)),
-      rank_(rank), world_(world) {
+      rank_(rank), world_(world), step_block_(step_block) {
+  if (step_block_ > 0 && bucketed_ && c.token_budget > 0)
+    throw Error("MixPlanner: step blocks (dist.invariant) need micro-batches of micro_batch rows (no data.token_budget)");
+  step_.served = step_block_;  // the first call plans a step
   st_.tokenizer = tokenizer_hash;
   for (size_t i = 0; i < sources.size(); ++i) {
     Stream s{&c_.sources[i], std::make_unique<Planner>(c, *sources[i].set, seq_len, 1, 0, 1, source_seed(seed, c_.sources[i].name)), 0};
@@ -160,6 +164,7 @@ Plan::Row MixPlanner::take(size_t s, Plan& p, int64_t* tokens) {
 }
 
 Plan MixPlanner::next() {
+  if (step_block_ > 0) return next_in_step();
   Plan p;
   std::vector<Plan::Row> rows = plan_global(p);
   if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h); a budget's G is a multiple of the ranks
@@ -177,8 +182,10 @@ Plan MixPlanner::next() {
   return p;
 }
 
-std::vector<Plan::Row> MixPlanner::plan_global(Plan& p) {
-  const int64_t stage = stage_of(batches_, st_.total);
+void MixPlanner::enter_stage() {
+  // Step blocks: the batches of W*B samples before this step (steps x A), whatever the world size.
+  const uint64_t batch = step_block_ > 0 ? cursor_ / static_cast<uint64_t>(world_ * B_) : batches_;
+  const int64_t stage = stage_of(batch, st_.total);
   const std::vector<double> w = weights_of(stage);
   bool same = stage == st_.stage && !w.empty();
   for (size_t s = 0; same && s < w.size(); ++s) same = w[s] == st_.sources[s].weight;
@@ -187,6 +194,58 @@ std::vector<Plan::Row> MixPlanner::plan_global(Plan& p) {
                          : resumed_      ? "the mixture changed at resume"
                                          : strf("stage %lld", static_cast<long long>(stage + 1)));
   resumed_ = false;
+}
+
+void MixPlanner::plan_step() {
+  enter_stage();
+  step_ = Step{};
+  step_.start = cursor_;
+  const uint64_t n = static_cast<uint64_t>(world_ * step_block_ * B_);
+  Plan scratch;  // gathers the rows' epoch tables
+  for (uint64_t j = 0; j < n; ++j) {
+    const size_t s = pick();
+    if (s == streams_.size()) begin_segment(st_.stage, "no source left");  // throws
+    if (j == 0) step_.epoch = static_cast<int64_t>(st_.sources[s].cursor / streams_[s].n);
+    int64_t tokens = 0;
+    step_.rows.push_back(take(s, scratch, &tokens));
+    step_.tokens.push_back(tokens);
+  }
+  step_.keep = std::move(scratch.keep);
+  cursor_ += n;
+  batches_ += static_cast<uint64_t>(step_block_);
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    streams_[s].planner->forget_before(st_.sources[s].cursor);
+    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);
+  }
+  step_.after = std::make_shared<const MixState>(st_);
+}
+
+// Rank r's k-th call of the step: global micro-batch r*A + k; its source tokens those of the W
+// micro-batches the ranks take at this call (the step's A calls add up to the step's tokens).
+Plan MixPlanner::next_in_step() {
+  const int64_t A = step_block_;
+  if (step_.served == A) plan_step();
+  const int64_t k = step_.served++;
+  Plan p;
+  p.epoch = step_.epoch;
+  p.keep = step_.keep;
+  p.source_tokens.assign(streams_.size(), 0);
+  for (int r = 0; r < world_; ++r) {
+    const auto first = static_cast<size_t>(step_block(r, A).at(k) * B_);
+    for (size_t i = first; i < first + static_cast<size_t>(B_); ++i) {
+      p.source_tokens[step_.rows[i].source] += step_.tokens[i];
+      if (r == rank_) p.rows.push_back(step_.rows[i]);
+    }
+  }
+  if (bucketed_)  // longest first, as a micro-batch of one rank is sorted
+    std::stable_sort(p.rows.begin(), p.rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
+  p.cursor_after = step_.start + static_cast<uint64_t>((k + 1) * world_ * B_);
+  p.mix_after = step_.after;
+  return p;
+}
+
+std::vector<Plan::Row> MixPlanner::plan_global(Plan& p) {
+  enter_stage();
   p.source_tokens.assign(streams_.size(), 0);
   const uint64_t G = own_.token_budget > 0 ? budget_rows() : static_cast<uint64_t>(world_ * B_);
   std::vector<Plan::Row> rows;
@@ -235,6 +294,11 @@ uint64_t MixPlanner::batches_left(uint64_t limit, uint64_t max_samples) {
   for (uint64_t n = 0; n < limit; ++n) {
     if (cursor_ - start > max_samples) return limit;  // not known cheaply: the run finds out (train.cpp)
     try {
+      if (step_block_ > 0) {  // whole steps of A batches
+        plan_step();
+        n += static_cast<uint64_t>(step_block_) - 1;
+        continue;
+      }
       Plan p;
       plan_global(p);
     } catch (const DataError&) {
@@ -316,6 +380,8 @@ void MixPlanner::restart(const LoaderState& s, bool force) {
   cursor_ = s.cursor;
   batches_ = s.batches;
   resumed_ = true;
+  step_ = Step{};
+  step_.served = step_block_;  // step blocks: the next call plans the step from here
   for (size_t i = 0; i < streams_.size(); ++i) {
     LoaderState at;
     at.cursor = st_.sources[i].cursor;

@@ -56,8 +56,14 @@ class MixPlanner : public BatchPlanner {
   // Builds each source's stream (seed: xxh64 of (seed, xxh64(name))). micro_per_step: micro-batches
   // per optimizer step (train.grad_accum), for stages given in steps. Throws DataError naming a
   // source's directory when it holds no sample.
+  // step_block > 0 (dist.invariant; the Loader's step_blocks, = micro_per_step): a step's W x A
+  // micro-batches are the next W*A*B samples of the global stream, planned whole at the step's first
+  // call (the stage decided at the step's start only: a stage's end in tokens is then the same step
+  // at any world size), and rank r's k-th call of the step returns micro-batch r*A + k (bucketed: its
+  // rows longest first). Fixed-size micro-batches only (no token budget).
   MixPlanner(const DataConfig& c, const std::vector<MixSource>& sources, const std::string& tokenizer_hash,
-             int64_t seq_len, int64_t micro_batch, int rank, int world, uint64_t seed, int64_t micro_per_step);
+             int64_t seq_len, int64_t micro_batch, int rank, int world, uint64_t seed, int64_t micro_per_step,
+             int64_t step_block = 0);
 
   Plan next() override;
   void save(LoaderState& s) const override;
@@ -89,6 +95,11 @@ class MixPlanner : public BatchPlanner {
   Plan::Row take(size_t s, Plan& p, int64_t* tokens);
   uint64_t budget_rows();
   std::vector<Plan::Row> plan_global(Plan& p);  // the global batch's rows, the state after it
+  // The stage for the batch planned next; with step blocks decided at a step's start only.
+  void enter_stage();
+  // Step blocks: the step's W*A*B rows into step_ (the state after the step).
+  void plan_step();
+  Plan next_in_step();
   bool can_end() const;
 
   const DataConfig c_;  // a copy: streams_ point into c_.sources
@@ -102,6 +113,18 @@ class MixPlanner : public BatchPlanner {
   bool resumed_ = false;               // restart() was called and next() not yet
   bool quiet_ = false;                 // budget_rows() is trying samples, or batches_left() counts: no log lines
   bool exhausted_ = false;             // no source left to read (begin_segment threw)
+  // Step blocks (step_block_ = A > 0): the planned step's rows in stream order, each row's target
+  // tokens, what owns their epoch tables, the state after the step, and the calls served from it.
+  int64_t step_block_ = 0;
+  struct Step {
+    std::vector<Plan::Row> rows;
+    std::vector<int64_t> tokens;
+    std::vector<std::shared_ptr<const EpochTable>> keep;
+    int64_t epoch = 0;
+    uint64_t start = 0;  // the global stream's cursor at the step's start
+    MixSnapshot after;
+    int64_t served = 0;  // calls answered from it (A: plan the next step)
+  } step_;
 };
 
 }  // namespace lm::data

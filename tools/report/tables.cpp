@@ -169,14 +169,17 @@ std::string speed_cells(const Run& r) {
 }
 
 // Under the run's name: "world-size invariant: G micro-batches in one tree" when meta.json's
-// parallelism.strategy is "invariant" (dist.invariant), each rank's block of them in its title; ""
+// parallelism.strategy is "invariant" (dist.invariant) or it records "invariant": true (ZeRO-2 and
+// 3 under dist.invariant), each rank's block of them in its title; ""
 // otherwise (other strategies, and meta.json written before it recorded the parallelism).
 std::string invariant_mark(const Run& r) {
   if (!r.has_meta) return "";
   const auto p = r.meta_json.find("parallelism");
   if (p == r.meta_json.end() || !p->is_object()) return "";
   const auto s = p->find("strategy");
-  if (s == p->end() || !s->is_string() || s->get<std::string>() != "invariant") return "";
+  const auto flag = p->find("invariant");  // ZeRO-2 and 3 under dist.invariant: their own strategy, this flag
+  const bool strategy = s != p->end() && s->is_string() && s->get<std::string>() == "invariant";
+  if (!strategy && !(flag != p->end() && flag->is_boolean() && flag->get<bool>())) return "";
   std::string text = "world-size invariant", title;
   if (const auto g = p->find("global_micro_batches"); g != p->end() && g->is_number_integer())
     text += strf(": %lld micro-batches in one tree", g->get<long long>());

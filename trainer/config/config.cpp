@@ -136,11 +136,6 @@ static void check_invariant(const ExperimentConfig& c) {
   if (c.data.token_budget > 0)
     throw ConfigError("key 'data.token_budget': dist.invariant needs micro-batches of train.micro_batch_size rows; set "
                       "data.token_budget=0");
-  if (!c.data.train_form && !c.data.sources.empty())
-    throw ConfigError("key 'data.sources': dist.invariant runs one data stream (data.train) only, not a mixture");
-  if (c.dist.zero > 1)
-    throw ConfigError("key 'dist.zero': dist.invariant adds the gradients in its tree after the backward, ZeRO-2 and 3 "
-                      "reduce them bucket by bucket during it; set dist.zero=1 or 0");
 }
 
 void validate(const ExperimentConfig& c, const Origins& origins) {

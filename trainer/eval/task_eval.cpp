@@ -72,11 +72,12 @@ ChoiceRow make_choice_row(const data::Tokenizer& tok, const std::string& context
 }
 
 std::vector<double> score_choice_rows(LM& model, const std::vector<ChoiceRow>& rows, int64_t batch_rows,
-                                      int64_t pad_id, const torch::Device& device, bool bf16) {
+                                      int64_t pad_id, const torch::Device& device, bool bf16, int64_t forwards) {
   torch::NoGradGuard ng;
   std::vector<double> out(rows.size(), 0.0);
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, batch_rows));
-  for (size_t a = 0; a < rows.size(); a += step) {
+  int64_t done = 0;
+  for (size_t a = 0; a < rows.size(); a += step, ++done) {
     const size_t b = std::min(rows.size(), a + step);
     const int64_t B = static_cast<int64_t>(b - a);
     int64_t L = 1;
@@ -105,6 +106,15 @@ std::vector<double> score_choice_rows(LM& model, const std::vector<ChoiceRow>& r
     const auto sums = torch::zeros({B}, torch::TensorOptions().dtype(torch::kDouble).device(device))
                           .index_add_(0, row_of, lp).cpu();
     for (int64_t r = 0; r < B; ++r) out[a + static_cast<size_t>(r)] = sums[r].item<double>();
+  }
+  for (; done < forwards; ++done) {  // lockstep: a forward for the others' gathers only
+    auto x = torch::full({1, 1}, pad_id, torch::kLong).to(device);
+    if (bf16) compat::set_autocast(device, true);
+    model->hidden(x, nullptr);
+    if (bf16) {
+      compat::set_autocast(device, false);
+      compat::clear_autocast_cache();
+    }
   }
   return out;
 }
@@ -137,8 +147,10 @@ std::unique_ptr<TaskEvaluator> TaskEvaluator::create(const EvalConfig& cfg, cons
     t.name = tc.name;
     t.examples = static_cast<int64_t>(examples.size());
     int64_t rows = 0;
+    std::vector<int64_t> rank_rows(static_cast<size_t>(std::max(1, rt.world)), 0);  // each rank's choices
     for (size_t i = 0; i < examples.size(); ++i) {
       const auto& ex = examples[i];
+      rank_rows[i % rank_rows.size()] += static_cast<int64_t>(ex.choices.size());
       const bool mine = static_cast<int>(i % static_cast<size_t>(std::max(1, rt.world))) == rt.rank;
       Example m;
       m.first_row = t.rows.size(), m.label = ex.label;
@@ -155,6 +167,8 @@ std::unique_ptr<TaskEvaluator> TaskEvaluator::create(const EvalConfig& cfg, cons
       t.truncated += any_cut ? 1 : 0;
       if (mine) t.mine.push_back(std::move(m));
     }
+    const int64_t per = std::max<int64_t>(1, rt.batch_rows);
+    for (const int64_t n : rank_rows) t.forwards = std::max(t.forwards, (n + per - 1) / per);
     if (rt.rank == 0)
       log::info(strf("task %s: %lld examples, %lld choices (%s, multiple_choice)%s", t.name.c_str(), (long long)t.examples,
                      (long long)rows, tc.path.c_str(),
@@ -169,7 +183,8 @@ std::vector<TaskScore> TaskEvaluator::score(LM& model, Comm* comm) {
   model->eval();
   std::vector<double> counts;  // per task: correct, correct_norm
   for (const auto& t : tasks_) {
-    const auto ll = score_choice_rows(model, t.rows, rt_.batch_rows, pad_id_, rt_.device, rt_.bf16);
+    const auto ll = score_choice_rows(model, t.rows, rt_.batch_rows, pad_id_, rt_.device, rt_.bf16,
+                                      rt_.lockstep ? t.forwards : 0);
     double acc = 0, acc_norm = 0;
     for (const auto& ex : t.mine) {
       size_t best = 0, best_norm = 0;

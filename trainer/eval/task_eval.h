@@ -8,7 +8,8 @@
 // same with each sum divided by the choice's length in bytes (lm-eval's acc_norm). Ties go to the
 // first choice. Examples are split over the ranks (example i on rank i % world), the counts summed
 // with one all-reduce; the choices are batched (train.micro_batch_size rows, padded to the longest),
-// in eval mode, under autocast with train.dtype=bf16.
+// in eval mode, under autocast with train.dtype=bf16. With weights kept in parts (ZeRO-3) the ranks
+// run the same number of forwards (set_lockstep), which gather the weights unit by unit.
 #pragma once
 
 #include <torch/torch.h>
@@ -51,8 +52,10 @@ ChoiceRow make_choice_row(const data::Tokenizer& tok, const std::string& context
                           int64_t seq_len, bool* cut);
 // Sum of log p(target) over each row's scored targets, in double; rows in batches of batch_rows,
 // padded on the right to the batch's longest with pad_id (causal: padding changes nothing before it).
+// forwards: run at least this many forwards, the ones past the rows on one pad token, their output
+// dropped (lockstep: every rank runs as many as the rank with the most batches).
 std::vector<double> score_choice_rows(LM& model, const std::vector<ChoiceRow>& rows, int64_t batch_rows,
-                                      int64_t pad_id, const torch::Device& device, bool bf16);
+                                      int64_t pad_id, const torch::Device& device, bool bf16, int64_t forwards = 0);
 
 // The run's tokenizer (TrainData::tokenizer(): bytes, or the sentencepiece model of the data),
 // through the plugin (load_tokenizer_isolated): what the tasks are tokenized with.
@@ -71,6 +74,9 @@ class TaskEvaluator {
   // Every task's score, the same on every rank (eval mode during the pass, train mode after). With
   // `comm`, each rank scores its examples and the counts are summed.
   std::vector<TaskScore> score(LM& model, Comm* comm);
+  // Every rank runs, per task, the forwards of the rank with the most batches (EvalRuntime::lockstep:
+  // the parallelism gathers the weights unit by unit inside them, ZeRO-3).
+  void set_lockstep(bool on) { rt_.lockstep = on; }
 
  private:
   struct Example {
@@ -83,6 +89,7 @@ class TaskEvaluator {
     int64_t examples = 0, truncated = 0;
     std::vector<Example> mine;        // this rank's examples
     std::vector<ChoiceRow> rows;      // their choices, in order
+    int64_t forwards = 0;             // the most batches any rank scores (lockstep)
   };
   explicit TaskEvaluator(TaskRuntime rt, int64_t pad_id) : rt_(std::move(rt)), pad_id_(pad_id) {}
   TaskRuntime rt_;

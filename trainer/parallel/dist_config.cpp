@@ -25,9 +25,10 @@ void describe_dist(config_schema::Schema& s, DistConfig& d) {
             "rank r holds the contiguous block r*grad_accum.. of them, their gradients added in one fixed binary tree over "
             "the global micro-batch indices (each rank's block a subtree, then the ranks' sums all-gathered and added in "
             "the same tree), dropout seeded per global micro-batch; no overlap of communication with the backward; "
-            "data.train packed, or bucketed with micro-batches of train.micro_batch_size rows (no data.token_budget); "
-            "grad_accum a power of two at world size > 1; with dist.zero 0 or 1 (1: the optimizer state sharded as ZeRO-1 "
-            "shards it, the same bits)");
+            "data packed, or bucketed with micro-batches of train.micro_batch_size rows (no data.token_budget), one "
+            "stream or a mixture (its stages decided at each step's start); "
+            "grad_accum a power of two at world size > 1; with any dist.zero, the same bits (ZeRO-2 and 3 keep each "
+            "bucket's tree of the micro-batches' sums during a step and their pieces of the sums after it)");
 }
 
 }  // namespace lm

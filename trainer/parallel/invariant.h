@@ -19,6 +19,10 @@
 // Cost: no overlap of communication with the backward (the sums are taken after the last
 // micro-batch), one copy of the gradients per tree level held on each rank (log2 A + 1), and the
 // all-gather receives (W-1) x the gradient bytes per rank (a ring all-reduce: 2 (W-1)/W x).
+//
+// The rules of the global batch (the deal, the seeds, the losses' tree, the checkpointed shape) and
+// the tree itself live in global_batch.h; this strategy runs them for dist.zero 0 and 1. ZeRO-2 and
+// 3 run them too, bucket by bucket from the backward's hooks (zero2.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -28,36 +32,16 @@
 #include <string>
 #include <vector>
 
+#include "trainer/parallel/global_batch.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
 
-// Adds tensors pushed in index order in the perfect binary tree over their indices, padded to a
-// power of two (an empty subtree passes its sibling through). Operands are added in place into
-// the left one.
-class TreeSum {
- public:
-  // The next leaf. borrowed: `leaf` stays the caller's (copied when it must be kept); else it is
-  // taken and may be written.
-  void push(const torch::Tensor& leaf, bool borrowed);
-  // The root of the leaves pushed so far (undefined when none); starts over.
-  torch::Tensor finish();
-  int64_t leaves() const { return leaves_; }
-  // A buffer finish() returned, to reuse.
-  void recycle(torch::Tensor t) { free_.push_back(std::move(t)); }
-
- private:
-  torch::Tensor take_buffer(const torch::Tensor& like);
-  std::vector<torch::Tensor> level_;  // level_[k]: a complete subtree of 2^k leaves, or undefined
-  std::vector<torch::Tensor> free_;   // buffers to reuse
-  int64_t leaves_ = 0;
-};
-
 class Invariant : public Parallelism {
  public:
   // Throws ConfigError naming train.grad_accum when it is not a power of two at world size > 1,
-  // optim.free_grads when the gradients are not one flat buffer, dist.zero when it is 2 or 3.
+  // optim.free_grads when the gradients are not one flat buffer.
   // dist.zero 1 at world size > 1: the optimizer state sharded as ZeRO-1 shards it (zero1.h: rank r
   // steps its pieces of the gradient buckets, then gather_pieces); the tree's sums are whole on every
   // rank, and AdamW updates each value alone, so the bits are the same.
@@ -73,8 +57,8 @@ class Invariant : public Parallelism {
   // The rank's subtree sum, then the ranks' sums all-gathered and added in the tree, into the flat
   // gradient buffer (the same bits on every rank).
   void after_backward(int64_t step) override;
-  torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override;
-  Stateful* checkpointed() override { return &state_; }
+  torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override { return batch_.sum_losses(losses); }
+  Stateful* checkpointed() override { return batch_.checkpointed(); }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
   std::string name() const override { return "invariant"; }
   // {"strategy", "world_size", "global_micro_batches" G, "micro_batch_size", "tree_leaves" (G padded
@@ -83,26 +67,17 @@ class Invariant : public Parallelism {
   nlohmann::json record() const override;
 
   // The global batch in micro-batches (world size x grad_accum).
-  int64_t global_micro_batches() const { return accum_ * world_; }
+  int64_t global_micro_batches() const { return batch_.global_micro_batches(); }
 
  private:
-  // The global batch's shape in checkpoints: a resume at another world size must keep it.
-  struct State : Stateful {
-    const Invariant* self = nullptr;
-    ComponentState state() const override;
-    void load_state(const ComponentState* st) override;
-  };
-
   Comm* comm_;
   FlatParams& flat_;
   int rank_, world_;
-  uint64_t seed_;
-  int64_t accum_, micro_batch_;
+  GlobalBatch batch_;
   std::vector<FlatRange> buckets_;  // the all-gather's pieces (plan_buckets)
   std::optional<ZeroLayout> zero_;  // dist.zero 1: the pieces of the optimizer state
   bool nccl_ = false;
   TreeSum local_;
-  State state_;
 };
 
 }  // namespace lm

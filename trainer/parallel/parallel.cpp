@@ -32,15 +32,30 @@ RankBytes replicated(const DistConfig&, double n, double opt, int world, int64_t
 // ZeRO-2's gradients: its pieces (4N/world), the bucket buffers in flight (Zero2::kInFlight) and
 // the gradients backward made but not yet handed to a bucket (about one more bucket), or with
 // gradient accumulation the micro-batches' local sums (4N) between the micro-batches.
+// Under dist.invariant the micro-batches' sums are a tree: up to log2(accum) + 1 copies of the
+// gradients between the micro-batches, and with accum 1 the bucket being added and its all-gather.
 double zero2_grads(const DistConfig& d, double n, int world, int64_t accum) {
   const double bucket = std::min(4 * n, d.bucket_mb * 1e6);
+  if (d.invariant) {
+    int levels = 1;
+    while ((int64_t{1} << levels) <= accum) ++levels;  // floor(log2 accum) + 1
+    return 4 * n / world + (accum > 1 ? levels * 4 * n : std::min(4 * n, (world + 2) * bucket));
+  }
   return 4 * n / world + (accum > 1 ? 4 * n : std::min(4 * n, (Zero2::kInFlight + 1) * bucket));
+}
+
+// ", dist.invariant: ..." for the memory check's line of ZeRO-2 and 3.
+std::string invariant_note(const DistConfig& d, int64_t accum) {
+  if (!d.invariant) return accum > 1 ? ", all gradients between micro-batches (train.grad_accum > 1)" : "";
+  return accum > 1 ? ", dist.invariant: the micro-batches' tree of gradient sums between them (train.grad_accum > 1)"
+                   : ", dist.invariant";
 }
 
 // In order: the first that applies runs.
 const std::vector<Strategy>& strategies() {
   static const std::vector<Strategy> table = {
-      {"invariant", [](const DistConfig& d, int, bool) { return d.invariant; },
+      // ZeRO-2 and 3 run dist.invariant's tree themselves (zero2.h): their rows below.
+      {"invariant", [](const DistConfig& d, int world, bool) { return d.invariant && (d.zero < 2 || world == 1); },
        [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
          RankBytes b = replicated(d, n, opt, world, accum);
          if (d.zero == 1 && world > 1) {
@@ -65,14 +80,14 @@ const std::vector<Strategy>& strategies() {
        [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
          return RankBytes{4 * n, zero2_grads(d, n, world, accum), opt * n / world,
                           strf("dist.zero=2 at %d ranks (gradients and optimizer state 1/%d per rank%s, all weights)", world,
-                               world, accum > 1 ? ", all gradients between micro-batches (train.grad_accum > 1)" : "")};
+                               world, invariant_note(d, accum).c_str())};
        },
        [](const ParallelInit& in) { return std::make_unique<Zero2>(in); }, /*grad_pieces=*/true},
       {"zero3", [](const DistConfig& d, int world, bool) { return d.zero == 3 && world > 1; },
        [](const DistConfig& d, double n, double opt, int world, int64_t accum) {
          return RankBytes{4 * n / world, zero2_grads(d, n, world, accum), opt * n / world,
                           strf("dist.zero=3 at %d ranks (weights, gradients and optimizer state 1/%d per rank between "
-                               "steps%s)", world, world, accum > 1 ? ", all gradients between micro-batches (train.grad_accum > 1)" : "")};
+                               "steps%s)", world, world, invariant_note(d, accum).c_str())};
        },
        [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }, /*grad_pieces=*/true},
       {"data_parallel", [](const DistConfig&, int, bool) { return true; }, replicated,

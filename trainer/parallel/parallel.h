@@ -65,8 +65,9 @@ class Parallelism {
   // before_snapshot().
   virtual void track_like_params(torch::Tensor /*buffer*/) {}
   // Before the weights (and the tracked buffers) are read whole: a checkpoint's snapshot, the final
-  // weights, an evaluation (with weights_part(), only what reads them all: eval.tasks). Every rank
-  // calls it (it may communicate); they stay whole until the next step's first before_backward.
+  // weights, an evaluation (not called with weights_part(): those readers go by parts and units).
+  // Every rank calls it (it may communicate); they stay whole until the next step's first
+  // before_backward.
   virtual void before_snapshot() {}
   // The ranges of the weights (and of the buffers laid out as them: the EMA) this rank saves, its own
   // part of a sharded checkpoint component (ZeRO-3: its pieces, the only values it keeps between

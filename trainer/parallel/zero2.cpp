@@ -21,23 +21,57 @@ Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
     entries_of_.emplace_back(first, e);
   }
   stream_norm_ = !reduce_scatter_ && flat_.params().is_cpu();
+  if (init.dist.invariant) {
+    batch_ = std::make_unique<GlobalBatch>(init);
+    stash_.resize(layout_.buckets.size());
+    stream_norm_ = flat_.params().is_cpu();  // every rank sees every bucket's sums (the all-gather)
+  }
+}
+
+torch::Tensor Zero2::bucket_sums(size_t i) {
+  torch::NoGradGuard ng;
+  const auto& bucket = layout_.buckets[i];
+  // 0 + each gradient: what plain data parallelism's zeroed flat buffer holds after the backward.
+  auto sums = torch::zeros({bucket.numel}, flat_.params().options());
+  auto& tensors = flat_.tensors();
+  const auto& entries = flat_.entries();
+  for (size_t e = entries_of_[i].first; e < entries_of_[i].second; ++e) {
+    auto& t = tensors[e];
+    if (!t.grad().defined()) continue;  // no gradient this step: zeros, as in the flat buffer
+    sums.narrow(0, entries[e].offset - bucket.offset, entries[e].numel).add_(t.grad().reshape({-1}));
+    t.mutable_grad().reset();  // freed: the bucket's buffer holds it now
+  }
+  return sums;
+}
+
+void Zero2::combine(size_t i) {
+  torch::NoGradGuard ng;
+  const auto& bucket = layout_.buckets[i];
+  torch::Tensor mine = stash_[i].finish();
+  stash_[i] = TreeSum();  // its spare buffers dropped with it
+  auto all = comm_.all_gather(mine, strf("all-gather of gradient bucket %zu/%zu (dist.invariant)", i + 1,
+                                         layout_.buckets.size()));
+  mine = torch::Tensor();
+  TreeSum ranks;
+  for (int w = 0; w < layout_.world; ++w) ranks.push(all.narrow(0, w * bucket.numel, bucket.numel), /*borrowed=*/false);
+  const torch::Tensor sums = ranks.finish();
+  const auto piece = layout_.piece(i, layout_.rank);
+  if (piece.numel > 0)
+    flat_.grad_pieces().narrow(0, piece_at_[i], piece.numel).copy_(sums.narrow(0, piece.offset - bucket.offset, piece.numel));
+  if (stream_norm_) norm_.add(bucket.offset, sums.data_ptr<float>(), sums.numel());
 }
 
 GradSync::Reduce Zero2::reduce() {
   return [this](size_t i, torch::Tensor) {
+    if (batch_) {  // dist.invariant: into the bucket's tree; the last micro-batch combines the ranks' sums
+      stash_[i].push(bucket_sums(i), /*borrowed=*/false);
+      if (last_) combine(i);
+      return std::vector<std::shared_ptr<Comm::Pending>>{};
+    }
     while (in_flight_.size() >= kInFlight) complete_oldest();
     torch::NoGradGuard ng;
     const auto& bucket = layout_.buckets[i];
-    // 0 + each gradient: what plain data parallelism's zeroed flat buffer holds after the backward.
-    auto sums = torch::zeros({bucket.numel}, flat_.params().options());
-    auto& tensors = flat_.tensors();
-    const auto& entries = flat_.entries();
-    for (size_t e = entries_of_[i].first; e < entries_of_[i].second; ++e) {
-      auto& t = tensors[e];
-      if (!t.grad().defined()) continue;  // no gradient this step: zeros, as in the flat buffer
-      sums.narrow(0, entries[e].offset - bucket.offset, entries[e].numel).add_(t.grad().reshape({-1}));
-      t.mutable_grad().reset();  // freed: the bucket's buffer holds it now
-    }
+    auto sums = bucket_sums(i);
     InFlight f{i, sums, {}};
     const int64_t s = layout_.piece_size(i), main = s * layout_.world;
     if (!reduce_scatter_) {
@@ -77,7 +111,16 @@ void Zero2::complete_oldest() {
 
 void Zero2::before_backward(const MicroStep& m) {
   if (m.last() && stream_norm_) norm_.reset();  // the buckets complete during this backward
-  Zero1::before_backward(m);
+  if (!batch_) return Zero1::before_backward(m);
+  batch_->seed(m);
+  last_ = m.last();
+  sync_->begin(/*sync=*/true);  // every micro-batch's buckets go into the trees
+}
+
+void Zero2::after_micro_backward(const MicroStep& m) {
+  // dist.invariant: the buckets no hook launched (parameters without a gradient: zeros) pushed too,
+  // so every bucket's tree has a leaf per micro-batch. The last one's are after_backward's.
+  if (batch_ && !m.last()) sync_->finish(m.step);
 }
 
 void Zero2::after_backward(int64_t step) {
@@ -93,16 +136,34 @@ torch::Tensor Zero2::grad_norm(int64_t step) {
   return total.sqrt();
 }
 
+nlohmann::json Zero2::record() const {
+  auto j = Zero1::record();
+  j["sharded"].push_back("gradients");
+  if (batch_) {
+    j["invariant"] = true;
+    batch_->record(j);
+    j["combine"] = "all-gather";
+  }
+  return j;
+}
+
+std::string Zero2::invariant_line() const {
+  if (!batch_) return "";
+  return "invariant: " + batch_->describe() + "; each bucket's sums in a tree stash per micro-batch, the ranks' " +
+         "subtree sums all-gathered at the last one and added in the same tree; ";
+}
+
 std::string Zero2::describe(int64_t state_bytes, const std::string& what) const {
   const double owned = static_cast<double>(layout_.owned_numel()), all = static_cast<double>(flat_.numel());
   const double whole = owned > 0 ? static_cast<double>(state_bytes) * all / owned : 0;
   const double elem = static_cast<double>(flat_.params().element_size());
-  return strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu bucket pieces): "
+  return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu bucket pieces): "
               "gradients %.1f MB of %.1f MB, optimizer state %.1f MB of %.1f MB; gradients %s, norm %s, weights "
               "all-gathered after each update",
               layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
               owned * elem / 1e6, all * elem / 1e6, static_cast<double>(state_bytes) / 1e6, whole / 1e6,
-              reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",
+              batch_ ? "added in the tree (dist.invariant)"
+              : reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",
               stream_norm_ ? "streamed bucket by bucket (the bits of the flat norm)"
                     : "from the pieces");
 }

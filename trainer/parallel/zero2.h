@@ -24,6 +24,15 @@
 // bits plain data parallelism's flat_grad_norm gives, whatever LibTorch's norm kernel does). On the
 // reduce-scatter path (and on CUDA) it is taken from the pieces (their sums of squares all-reduced):
 // the same number within float rounding.
+//
+// Under dist.invariant (global_batch.h, invariant.h) the hooks launch every micro-batch's buckets:
+// a bucket's sums (0 + g, the gradients freed) are pushed into that bucket's tree stash in the
+// order of the micro-batches; at the step's last micro-batch the bucket's subtree sum is
+// all-gathered (blocking, from the hook: no overlap, as the plain invariant strategy has none),
+// the ranks' sums added in the same tree, this rank's piece kept and the norm streamed from the
+// whole sums: the bits of dist.invariant with dist.zero 0 at any world size. Memory: between steps
+// the pieces as above; during a step of A micro-batches up to log2 A + 1 copies of the gradients
+// (the tree's levels), with A = 1 only the bucket being added and its all-gather (W buckets).
 #pragma once
 
 #include <torch/torch.h>
@@ -34,6 +43,7 @@
 #include <vector>
 
 #include "trainer/optim/flat_norm.h"
+#include "trainer/parallel/global_batch.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
@@ -43,18 +53,23 @@ class Zero2 : public Zero1 {
   static constexpr size_t kInFlight = 2;  // bucket buffers alive at once
   explicit Zero2(const ParallelInit& init);
   void before_backward(const MicroStep& m) override;
+  void after_micro_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   torch::Tensor grad_norm(int64_t step) override;
+  torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override {
+    return batch_ ? batch_->sum_losses(losses) : Zero1::sum_losses(losses);
+  }
+  Stateful* checkpointed() override { return batch_ ? batch_->checkpointed() : nullptr; }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
   std::string name() const override { return "zero2"; }
-  nlohmann::json record() const override {
-    auto j = Zero1::record();
-    j["sharded"].push_back("gradients");
-    return j;
-  }
+  // Zero1's record, "gradients" sharded; under dist.invariant "invariant": true, the global batch's
+  // facts (GlobalBatch::record) and "combine": "all-gather".
+  nlohmann::json record() const override;
 
  protected:
   GradSync::Reduce reduce() override;
+  // Under dist.invariant: "invariant: <the global batch>; " (else "").
+  std::string invariant_line() const;
 
  private:
   struct InFlight {
@@ -63,6 +78,12 @@ class Zero2 : public Zero1 {
     std::vector<std::shared_ptr<Comm::Pending>> work;
   };
   void complete_oldest();
+  // Bucket i's gradients added into a fresh buffer (0 + g, as the flat buffer holds them), their
+  // .grad freed.
+  torch::Tensor bucket_sums(size_t i);
+  // dist.invariant, the step's last micro-batch: bucket i's subtree sum all-gathered, the ranks'
+  // sums added in the tree, this rank's piece kept, the norm fed.
+  void combine(size_t i);
 
   std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
   std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()
@@ -71,6 +92,11 @@ class Zero2 : public Zero1 {
   // offsets), the bits plain data parallelism's flat_grad_norm gives.
   bool stream_norm_ = false;
   FlatNorm norm_;
+  // dist.invariant only: the global batch's rules, each bucket's tree of the micro-batches' sums,
+  // and whether the running micro-batch is the step's last.
+  std::unique_ptr<GlobalBatch> batch_;
+  std::vector<TreeSum> stash_;
+  bool last_ = true;
 };
 
 }  // namespace lm

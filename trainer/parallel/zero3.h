@@ -21,10 +21,11 @@
 // parallelism, bit for bit), so between steps a rank keeps 1/W of the weights, the gradients and the
 // moments. Checkpoints save each rank's pieces of the weights and of the EMA as they are, one part
 // per rank (weights_part); the final weights are written one tensor at a time, each gathered alone
-// (gather_weights); the validation forwards gather unit by unit as the steps do (the EMA's pieces
-// swapped in, weights_replaced). Only eval.tasks still makes the weights and the EMA
-// (track_like_params) whole first (before_snapshot: every piece broadcast by its owner; logged,
-// with a count).
+// (gather_weights); the validation and task forwards gather unit by unit as the steps do (the ranks
+// in lockstep; the EMA's pieces swapped in, weights_replaced). Nothing in the trainer makes the
+// weights whole any more; before_snapshot still does it correctly for a reader that would (every
+// piece of the weights and of the EMA, track_like_params, broadcast by its owner), and logs it
+// ("made whole", with a count), which the tests look for.
 #pragma once
 
 #include <torch/torch.h>
@@ -62,7 +63,7 @@ class Zero3 : public Zero2 {
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
   std::string name() const override { return "zero3"; }
   nlohmann::json record() const override {
-    auto j = Zero1::record();
+    auto j = Zero2::record();
     j["sharded"].push_back("weights");
     return j;
   }

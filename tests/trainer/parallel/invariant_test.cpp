@@ -264,6 +264,40 @@ TEST_F(InvariantE2E, ZeroOneKeepsTheBitsAndReshardsAcrossWorldSizes) {
   test::expect_same_ema(uncut, root / "leg2", 6);
 }
 
+// ZeRO-2 and 3 under dist.invariant (each bucket's micro-batch sums in its own tree from the
+// backward's hooks, the ranks' subtree sums all-gathered at the last micro-batch, the pieces kept):
+// a chain at 4 ranks with ZeRO-3, then 2 with ZeRO-2, then 8 with ZeRO-3 (grad_accum 1: the hooks'
+// all-gathers straight away) equals the uncut 1-rank run bit for bit: every step's loss and norm,
+// the final weights and EMA, each checkpoint resharded across the stages.
+TEST_F(InvariantE2E, ZeroTwoAndThreeKeepTheBitsAndReshardAcrossWorldSizes) {
+  TempDir root;
+  const std::string uncut = root / "uncut";
+  run_ok(uncut, 1, {"train.max_steps=6", "train.grad_accum=8", "model.dropout=0.1"});
+  const std::vector<Leg> chain = {{4, 2, 2, 3}, {2, 4, 4, 2}, {8, 1, 6, 3}};
+  const auto losses = run_chain(root.path(), chain, [&](size_t i, const std::string& dir) {
+    const auto par = nlohmann::json::parse(test::read_text(dir + "/meta.json"))["parallelism"];
+    EXPECT_EQ(par["strategy"], chain[i].zero == 3 ? "zero3" : "zero2") << par;
+    EXPECT_EQ(par["invariant"], true) << par;
+    EXPECT_EQ(par["global_micro_batches"], 8) << par;
+    EXPECT_EQ(par["deal"].size(), static_cast<size_t>(chain[i].world)) << par;
+    const std::string log1 = test::read_text(dir + "/logs/rank_1.log");
+    EXPECT_NE(log1.find("invariant: the global batch is 8 micro-batches"), std::string::npos) << log1;
+    EXPECT_NE(log1.find("gradients added in the tree (dist.invariant)"), std::string::npos) << log1;
+    if (chain[i].zero == 3) {
+      EXPECT_TRUE(fs::exists(test::checkpoint_dir(dir, chain[i].steps) + "/model.part_1.safetensors")) << dir;
+    }
+    if (i == 1) {  // the report marks it as it marks the plain strategy's runs
+      const auto r = test::run_bin("report", {dir, "-o", dir + "/report.html"});
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      EXPECT_NE(test::read_text(dir + "/report.html").find("world-size invariant: 8 micro-batches in one tree"),
+                std::string::npos);
+    }
+  });
+  EXPECT_EQ(losses, loss_and_norm(uncut));
+  EXPECT_TRUE(test::read_text(root / "leg2/model.safetensors") == test::read_text(uncut + "/model.safetensors"));
+  test::expect_same_ema(uncut, root / "leg2", 6);
+}
+
 // Under the launcher at 2 ranks (grad_accum 4: G = 8), rank 1 SIGKILLed once the run has passed step
 // 5: the launcher stops and restarts the group, which resumes from the latest checkpoint (every 2
 // steps); every step's loss and norm, and the final weights, EMA and optimizer state equal the uncut
@@ -316,6 +350,47 @@ TEST_F(InvariantE2E, BucketedBatchesKeepTheBitsAcrossWorldSizes) {
   EXPECT_EQ(chain, want);
   EXPECT_TRUE(test::read_text(root / "chain/leg1/model.safetensors") == test::read_text(one + "/model.safetensors"));
   expect_same_state(one, root / "chain/leg1", 4, "bucketed, cut at 2 ranks, resumed at 4");
+}
+
+// A mixture of two sources in two stages (the first ends by tokens, 1500: inside step 2 at the
+// granularity of the batches of one call, so a stage decided per call would switch at another sample
+// at each world size; the loader's step blocks decide it at the step's start) with G = 8 at world
+// sizes 1 and 4 (grad_accum 8, 2) and a chain cut at 2 ranks and resumed at 4: every step's loss,
+// grad norm and source tokens, the final weights, EMA and optimizer state bit for bit. Checked to
+// fail with the mixture planned call by call (the MixPlanner given no step blocks: the 1-rank run
+// switches inside step 2, the 4-rank run's micro-batches are other samples).
+TEST_F(InvariantE2E, MixturesAndStagesKeepTheBitsAcrossWorldSizes) {
+  TempDir root;
+  const std::string other = test::make_bytes_dataset(root / "other", 500);
+  common.push_back("data.train=");
+  common.push_back("data.sources=[{name: a, path: " + test::shared_bytes_dataset() + "}, {name: b, path: " + other + "}]");
+  common.push_back("data.stages=[{until_tokens: 1500, weights: {a: 1}}, {weights: {a: 1, b: 1}}]");
+  auto tokens = [](const std::string& dir) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (const auto& line : test::metrics_of_kind(dir + "/metrics.jsonl", "train")) {
+      const auto j = nlohmann::json::parse(line)["source_tokens"];
+      v.emplace_back(j.value("a", int64_t{0}), j.value("b", int64_t{0}));
+    }
+    return v;
+  };
+  const std::string one = root / "w1", four = root / "w4";
+  run_ok(one, 1, {"train.max_steps=4", "train.grad_accum=8", "model.dropout=0.1"});
+  const auto want = loss_and_norm(one);
+  ASSERT_EQ(want.size(), 4u);
+  // 1024 target tokens a step: a alone in steps 1-2 (0 and 1024 tokens before them), both from step 3.
+  const std::vector<std::pair<int64_t, int64_t>> mix = {{1024, 0}, {1024, 0}, {512, 512}, {512, 512}};
+  EXPECT_EQ(tokens(one), mix);
+  run_ok(four, 4, {"train.max_steps=4", "train.grad_accum=2", "model.dropout=0.1"});
+  EXPECT_EQ(loss_and_norm(four), want);
+  EXPECT_EQ(tokens(four), mix);
+  EXPECT_TRUE(test::read_text(four + "/model.safetensors") == test::read_text(one + "/model.safetensors"));
+  expect_same_state(one, four, 4, "a mixture in stages, world 4");
+  const auto chain = run_chain(root / "chain", {{2, 4, 2}, {4, 2, 4}});
+  EXPECT_EQ(chain, want);
+  const std::vector<std::pair<int64_t, int64_t>> resumed(mix.begin() + 2, mix.end());
+  EXPECT_EQ(tokens(root / "chain/leg1"), resumed);
+  EXPECT_TRUE(test::read_text(root / "chain/leg1/model.safetensors") == test::read_text(one + "/model.safetensors"));
+  expect_same_state(one, root / "chain/leg1", 4, "a mixture, cut at 2 ranks, resumed at 4");
 }
 
 // On CUDA dist.invariant sets what LibTorch offers for repeatable kernels (configure_math ->
@@ -373,15 +448,13 @@ TEST_F(InvariantE2E, DataInspectShowsEachRanksGlobalMicroBatches) {
   EXPECT_FALSE(nlohmann::json::parse(plain.out)["batch"].contains("invariant")) << plain.out;
 }
 
-// What the tree does not cover yet is refused in one line naming the key (exit 2); bucketed batches
-// of train.micro_batch_size rows are covered (BucketedBatchesKeepTheBitsAcrossWorldSizes), a token
-// budget is not.
-TEST_F(InvariantE2E, TokenBudgetAndOtherUncoveredKeysAreRefusedInOneLine) {
+// What the tree does not cover yet is refused in one line naming the key (exit 2): a token budget
+// (micro-batches of varying rows, cut per world size). Bucketed batches of train.micro_batch_size
+// rows and mixtures are covered (BucketedBatchesKeepTheBitsAcrossWorldSizes,
+// MixturesAndStagesKeepTheBitsAcrossWorldSizes).
+TEST_F(InvariantE2E, TokenBudgetIsRefusedInOneLine) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"data.mode=bucketed", "data.token_budget=256"}, "key 'data.token_budget': dist.invariant needs micro-batches"},
-      {{"data.train=", "data.sources=[{name: a, path: " + test::shared_bytes_dataset() + "}]"},
-       "key 'data.sources': dist.invariant runs one data stream (data.train) only"},
-      {{"dist.zero=2"}, "key 'dist.zero': dist.invariant adds the gradients in its tree after the backward"},
   };
   for (const auto& [extra, want] : cases) {
     TempDir dir;

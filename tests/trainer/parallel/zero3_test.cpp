@@ -104,15 +104,27 @@ TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheStepsOrTheSaves) {
   }
 }
 
-// Evaluation gathers the weights unit by unit inside the validation forwards, as the steps do (an odd
-// number of batches over 2 ranks: the ranks in lockstep), the EMA's pieces swapped in: the same
-// validation losses of the weights and of the EMA as plain data parallelism, bit for bit, and the
-// weights never made whole. Checked to fail with Zero3::weights_replaced() doing nothing: the EMA's
-// loss read the rest unit still gathered from the trained weights and differed.
+// Evaluation gathers the weights unit by unit inside the validation and task forwards, as the steps
+// do (an odd number of batches over 2 ranks, and task examples whose choices make 5 forwards on rank
+// 0 and 2 on rank 1: the ranks in lockstep), the EMA's pieces swapped in: the same validation losses
+// of the weights and of the EMA, and the same task scores, as plain data parallelism, bit for bit,
+// and the weights never made whole. Checked to fail with Zero3::weights_replaced() doing nothing:
+// the EMA's loss read the rest unit still gathered from the trained weights and differed; and with
+// the tasks' lockstep forwards left out (score_choice_rows' `forwards` ignored): rank 0 waits for
+// gathers rank 1 never joins, and the group times out.
 TEST_F(Zero3E2E, EvaluationGathersUnitByUnitAndGivesThePlainLosses) {
-  TempDir plain, zero;
+  TempDir plain, zero, tasks;
+  std::string task;
+  const std::vector<int> choices = {3, 2, 4, 2, 3};  // examples 0, 2, 4 on rank 0 (10 rows), 1, 3 on rank 1 (4)
+  for (size_t i = 0; i < choices.size(); ++i) {
+    nlohmann::json ch = nlohmann::json::array();
+    for (int k = 0; k < choices[i]; ++k) ch.push_back(std::string(" and the ") + "abcdef"[k + static_cast<int>(i)] + " word");
+    task += nlohmann::json({{"context", "In the beginning " + std::to_string(i)}, {"choices", ch}, {"label", 1}}).dump() + "\n";
+  }
+  test::write_text(tasks / "t.jsonl", task);
   const std::vector<std::string> a = {"train.max_steps=4", "train.micro_batch_size=2", "train.ema_decay=0.9",
-                                      "eval.batches=3", "eval.every_steps=2"};
+                                      "eval.batches=3", "eval.every_steps=2",
+                                      "eval.tasks=[{name: t, path: " + tasks / "t.jsonl" + "}]"};
   run_ok(plain.path(), 2, a);
   auto z = a;
   z.push_back("dist.zero=3");
@@ -128,6 +140,16 @@ TEST_F(Zero3E2E, EvaluationGathersUnitByUnitAndGivesThePlainLosses) {
   const auto vp = val(plain.path()), vz = val(zero.path());
   ASSERT_EQ(vp.size(), 2u);
   EXPECT_EQ(vp, vz);
+  auto scores = [](const std::string& dir) {
+    std::vector<std::string> out;
+    for (auto& l : test::metrics_of_kind(dir + "/metrics.jsonl", "task")) {
+      const auto j = nlohmann::json::parse(l);
+      out.push_back(j["step"].dump() + " " + j["task_acc"].dump() + " " + j["task_acc_norm"].dump());
+    }
+    return out;
+  };
+  ASSERT_EQ(scores(plain.path()).size(), 3u);  // steps 0, 2, 4
+  EXPECT_EQ(scores(plain.path()), scores(zero.path()));
   EXPECT_EQ(loss_and_norm(plain.path()), loss_and_norm(zero.path()));
   for (int r = 0; r < 2; ++r) {
     const std::string log = test::read_text(zero / ("logs/rank_" + std::to_string(r) + ".log"));
