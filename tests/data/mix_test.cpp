@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "common/checksum.h"
 #include "common/errors.h"
@@ -346,6 +347,71 @@ TEST(MixTest, StagesSwitchAtTheirTokens) {
     }
     tokens += st[0] + st[1] + st[2];
     EXPECT_EQ(tokens, (k + 1) * 2 * kT);
+  }
+}
+
+// Step blocks (dist.invariant) over a mixture in stages (the first ends at 100 tokens: inside step 2
+// of 64 tokens a step, where a stage decided per call would switch at a world size's own batch),
+// G = 4 micro-batches of 2 rows a step at world sizes 1, 2 and 4 (grad_accum 4, 2, 1), packed and
+// bucketed: rank r's k-th call is global micro-batch r*A + k, and each step's global micro-batches
+// have the same rows, tokens and hash at every world size, also across a cut at 2 ranks resumed at
+// 4; the ranks' calls' source tokens add up to the step's; the stage switches at step 3 (tokens
+// 128 before it) at every world size. Checked to fail with the MixPlanner given no step blocks
+// (form.cpp): the 1-rank stream switches inside step 2 and the ranks' rows are dealt per call.
+TEST(MixTest, StepBlocksDealTheSameMicroBatchesAtAnyWorldSize) {
+  for (const std::string mode : {"packed", "bucketed"}) {
+    Mix mix(mode, 2);
+    mix.cfg.stages = {{0, 100, {{"web", 1}}}, {0, 0, {{"code", 1}, {"tiny", 1}}}};
+    const int64_t B = 2, G = 4, steps = 10;
+    auto loader = [&](int r, int world) {
+      return std::make_unique<Loader>(mix.cfg, mix.manifests, "train", kT, B, r, world, 9, G / world, /*step_blocks=*/true);
+    };
+    // Every step's G global micro-batches, and the step's source tokens as rank 0's calls add them.
+    auto run = [&](int world, int64_t cut, int then) {
+      std::vector<std::vector<Batch>> out(steps, std::vector<Batch>(G));
+      std::vector<std::vector<int64_t>> tokens(steps, std::vector<int64_t>(3, 0));
+      std::vector<std::unique_ptr<Loader>> ranks;
+      for (int r = 0; r < world; ++r) ranks.push_back(loader(r, world));
+      for (int64_t s = 0; s < steps; ++s) {
+        if (s == cut) {
+          const LoaderState st = ranks[0]->state();
+          world = then, ranks.clear();
+          for (int r = 0; r < world; ++r) ranks.push_back(loader(r, world)), ranks.back()->load_state(st);
+        }
+        const int64_t A = G / world;
+        for (int r = 0; r < world; ++r)
+          for (int64_t k = 0; k < A; ++k) {
+            Batch b = ranks[static_cast<size_t>(r)]->next();
+            if (r == 0)
+              for (size_t i = 0; i < 3; ++i) tokens[s][i] += b.source_tokens.at(i);
+            out[s][r * A + k] = std::move(b);
+          }
+      }
+      return std::make_pair(out, tokens);
+    };
+    const auto one = run(1, steps, 0);
+    for (int64_t s = 0; s < steps; ++s) {
+      const auto& t = one.second[s];
+      if (s < 2) {
+        EXPECT_TRUE(t[0] > 0 && t[1] == 0 && t[2] == 0) << mode << " step " << s + 1 << ": stage 1, web alone";
+      } else {
+        EXPECT_TRUE(t[0] == 0 && t[1] > 0 && t[2] > 0) << mode << " step " << s + 1 << ": stage 2";
+      }
+    }
+    for (const auto& [world, cut, then] : std::vector<std::tuple<int, int64_t, int>>{{2, steps, 0}, {4, steps, 0}, {2, 5, 4}}) {
+      const auto got = run(world, cut, then);
+      for (int64_t s = 0; s < steps; ++s) {
+        const std::string what = mode + " world " + std::to_string(world) + " cut " + std::to_string(cut) + " step " +
+                                  std::to_string(s + 1);
+        for (int64_t j = 0; j < G; ++j) {
+          const Batch& a = one.first[s][j];
+          const Batch& b = got.first[s][j];
+          EXPECT_EQ(a.hash, b.hash) << what << " micro-batch " << j;
+          EXPECT_TRUE(a.inputs == b.inputs && a.targets == b.targets && a.origins == b.origins) << what << " micro-batch " << j;
+        }
+        EXPECT_EQ(got.second[s], one.second[s]) << what;
+      }
+    }
   }
 }
 
