@@ -1,6 +1,8 @@
 // dist.invariant's global batch and its tree (see global_batch.h).
 #include "trainer/parallel/global_batch.h"
 
+#include <cstdlib>
+
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -63,6 +65,59 @@ torch::Tensor TreeSum::finish() {
   }
   leaves_ = 0;
   return root;
+}
+
+// ---- the ranks' sums ---------------------------------------------------------------------------
+
+Combine pick_combine(int world) {
+  if (world <= 1) return Combine::kNone;
+  const bool doubling_fits = power_of_two(world);
+  if (const char* v = std::getenv("LM_INVARIANT_COMBINE"); v && *v) {
+    const std::string s = v;
+    if (s == "all-gather") return Combine::kAllGather;
+    if (s != "doubling") throw ConfigError("LM_INVARIANT_COMBINE=" + s + ": expected all-gather or doubling");
+    if (!doubling_fits)
+      throw ConfigError(strf("LM_INVARIANT_COMBINE=doubling needs a power-of-two world size, got %d", world));
+    return Combine::kDoubling;
+  }
+  return doubling_fits && world > 2 ? Combine::kDoubling : Combine::kAllGather;
+}
+
+const char* combine_name(Combine c) {
+  switch (c) {
+    case Combine::kNone: return "none";
+    case Combine::kAllGather: return "all-gather";
+    case Combine::kDoubling: return "recursive-doubling";
+  }
+  return "?";
+}
+
+std::string combine_line(Combine c, size_t buckets, double grad_mb, int world) {
+  int rounds = 0;
+  for (int s = 1; s < world; s <<= 1) ++rounds;
+  const bool doubling = c == Combine::kDoubling;
+  return strf("the ranks' subtree sums %s in %zu buckets (%.1f MB received per step; a ring all-reduce: %.1f MB) and "
+              "added in the same tree",
+              doubling ? "combined by recursive doubling" : "all-gathered", buckets,
+              grad_mb * (doubling ? rounds : world - 1), grad_mb * 2 * (world - 1) / world);
+}
+
+torch::Tensor sum_over_ranks(Comm& comm, torch::Tensor mine, Combine how, int rank, int world, const std::string& what) {
+  torch::NoGradGuard ng;
+  if (how == Combine::kDoubling) {
+    for (int s = 1; s < world; s <<= 1) {
+      const int partner = rank ^ s;
+      auto other = comm.exchange(mine, partner, /*tag=*/s, what);
+      if (rank < partner) mine.add_(other);  // mine is the left subtree
+      else mine = other.add_(mine);          // the partner's is
+    }
+    return mine;
+  }
+  const int64_t n = mine.numel();
+  auto all = comm.all_gather(mine, what);
+  TreeSum ranks;
+  for (int w = 0; w < world; ++w) ranks.push(all.narrow(0, w * n, n), /*borrowed=*/false);
+  return ranks.finish();
 }
 
 // ---- GlobalBatch -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 
 #include "common/torch/stateful.h"
 #include "trainer/parallel/parallel.h"
+#include "trainer/parallel/process_group.h"
 
 namespace lm {
 
@@ -38,6 +39,26 @@ class TreeSum {
   std::vector<torch::Tensor> free_;   // buffers to reuse
   int64_t leaves_ = 0;
 };
+
+// How the ranks' subtree sums meet (one bucket at a time), the same tree and bits either way:
+//   kAllGather: every rank's sums all-gathered, added in the tree on every rank; a rank receives
+//               (W-1) x the bucket.
+//   kDoubling:  recursive doubling, power-of-two world sizes only: log2 W rounds, in round l the
+//               ranks r and r ^ 2^l exchange their sums (point to point) and both add the lower
+//               rank's (the left subtree) + the higher's; a rank receives log2 W x the bucket.
+// pick_combine: LM_INVARIANT_COMBINE=all-gather|doubling where set (tests, bench/invariant.sh), else
+// doubling at a power-of-two world size > 2 (fewer bytes; measured in docs/benchmarks.md), else the
+// all-gather.
+enum class Combine { kNone, kAllGather, kDoubling };
+Combine pick_combine(int world);
+const char* combine_name(Combine c);  // "none", "all-gather", "recursive-doubling"
+// "the ranks' subtree sums all-gathered in N buckets (X MB received per step; a ring all-reduce:
+// Y MB) and added in the same tree" (or "... combined by recursive doubling ..."); grad_mb: the
+// gradients' MB.
+std::string combine_line(Combine c, size_t buckets, double grad_mb, int world);
+// The sum over the ranks of `mine` (this rank's subtree sum of a bucket; written over) in the tree:
+// the same bits on every rank.
+torch::Tensor sum_over_ranks(Comm& comm, torch::Tensor mine, Combine how, int rank, int world, const std::string& what);
 
 // The global batch's rules under dist.invariant (one per strategy; not copyable: its checkpointed
 // state points back at it).

@@ -14,6 +14,7 @@ Invariant::Invariant(const ParallelInit& init)
       buckets_(plan_buckets(init.flat, init.dist.bucket_mb)) {
   if (flat_.path().free_grads)
     throw ConfigError("key 'optim.free_grads': dist.invariant adds the gradients in the flat buffer; set optim.free_grads=off");
+  combine_ = pick_combine(world_);
   if (init.dist.zero == 1 && comm_ && world_ > 1) {
     zero_ = ZeroLayout{buckets_, rank_, world_};
     nccl_ = comm_->backend() == "nccl";
@@ -51,14 +52,12 @@ void Invariant::after_backward(int64_t step) {
     local_.recycle(mine);  // its buffer kept for the next step
     return;
   }
-  TreeSum ranks;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const auto& r = buckets_[b];
-    auto all = comm_->all_gather(mine.narrow(0, r.offset, r.numel),
-                                 strf("all-gather of gradient bucket %zu/%zu at step %lld", b + 1, buckets_.size(),
-                                      static_cast<long long>(step)));
-    for (int w = 0; w < world_; ++w) ranks.push(all.narrow(0, w * r.numel, r.numel), /*borrowed=*/false);
-    g.narrow(0, r.offset, r.numel).copy_(ranks.finish());
+    g.narrow(0, r.offset, r.numel)
+        .copy_(sum_over_ranks(*comm_, mine.narrow(0, r.offset, r.numel), combine_, rank_, world_,
+                              strf("%s of gradient bucket %zu/%zu at step %lld", combine_name(combine_), b + 1,
+                                   buckets_.size(), static_cast<long long>(step))));
   }
   local_.recycle(mine);
 }
@@ -66,7 +65,7 @@ void Invariant::after_backward(int64_t step) {
 nlohmann::json Invariant::record() const {
   nlohmann::json j = {{"strategy", name()}, {"world_size", world_}};
   batch_.record(j);
-  j["combine"] = world_ > 1 ? "all-gather" : "none";
+  j["combine"] = combine_name(combine_);
   if (zero_) j["sharded"] = {"optimizer_state"};  // dist.zero 1: as zero1 records it
   return j;
 }
@@ -74,11 +73,7 @@ nlohmann::json Invariant::record() const {
 std::string Invariant::describe(int64_t optimizer_bytes, const std::string& what) const {
   const double grad_mb = static_cast<double>(flat_.numel()) * 4 / 1e6;
   return strf("invariant: %s; %s; optimizer state %.1f MB: %s of %s", batch_.describe().c_str(),
-              world_ > 1 ? strf("the ranks' subtree sums all-gathered in %zu buckets (%.1f MB received per step; a ring "
-                                "all-reduce: %.1f MB) and added in the same tree",
-                                buckets_.size(), grad_mb * (world_ - 1), grad_mb * 2 * (world_ - 1) / world_)
-                               .c_str()
-                         : "one rank",
+              combine_ != Combine::kNone ? combine_line(combine_, buckets_.size(), grad_mb, world_).c_str() : "one rank",
               optimizer_bytes / 1e6, what.c_str(),
               zero_ ? strf("%lld of %lld weights (dist.zero=1: its pieces of the %zu buckets), weights all-gathered after "
                            "each update",

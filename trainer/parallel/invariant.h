@@ -18,7 +18,8 @@
 //
 // Cost: no overlap of communication with the backward (the sums are taken after the last
 // micro-batch), one copy of the gradients per tree level held on each rank (log2 A + 1), and the
-// all-gather receives (W-1) x the gradient bytes per rank (a ring all-reduce: 2 (W-1)/W x).
+// combine receives (W-1) x the gradient bytes per rank (all-gather) or log2 W x (recursive
+// doubling, power-of-two W; global_batch.h), where a ring all-reduce moves 2 (W-1)/W x.
 //
 // The rules of the global batch (the deal, the seeds, the losses' tree, the checkpointed shape) and
 // the tree itself live in global_batch.h; this strategy runs them for dist.zero 0 and 1. ZeRO-2 and
@@ -63,7 +64,8 @@ class Invariant : public Parallelism {
   std::string name() const override { return "invariant"; }
   // {"strategy", "world_size", "global_micro_batches" G, "micro_batch_size", "tree_leaves" (G padded
   // to a power of two), "deal" (per rank its [first, last) of the global micro-batch indices:
-  // data::step_block), "combine" (how the ranks' subtree sums meet: "all-gather"; one rank: "none")}.
+  // data::step_block), "combine" (how the ranks' subtree sums meet: "all-gather" or
+  // "recursive-doubling"; one rank: "none")}.
   nlohmann::json record() const override;
 
   // The global batch in micro-batches (world size x grad_accum).
@@ -75,6 +77,7 @@ class Invariant : public Parallelism {
   int rank_, world_;
   GlobalBatch batch_;
   std::vector<FlatRange> buckets_;  // the all-gather's pieces (plan_buckets)
+  Combine combine_ = Combine::kNone;  // how the ranks' subtree sums meet (global_batch.h)
   std::optional<ZeroLayout> zero_;  // dist.zero 1: the pieces of the optimizer state
   bool nccl_ = false;
   TreeSum local_;

@@ -203,6 +203,23 @@ torch::Tensor Comm::all_gather(const torch::Tensor& t, const std::string& what) 
   return torch::cat(out_lists[0]).to(t.device());
 }
 
+torch::Tensor Comm::exchange(const torch::Tensor& mine, int partner, int tag, const std::string& what) {
+  auto in = mine.to(impl_->device).contiguous();
+  auto out = torch::empty_like(in);
+  std::vector<torch::Tensor> send{in}, recv{out};
+  auto s = std::make_shared<Pending>(), r = std::make_shared<Pending>();
+  if (rank_ < partner) {
+    s->work = impl_->pg->send(send, partner, tag);
+    r->work = impl_->pg->recv(recv, partner, tag);
+  } else {
+    r->work = impl_->pg->recv(recv, partner, tag);
+    s->work = impl_->pg->send(send, partner, tag);
+  }
+  wait(s, what);
+  wait(r, what);
+  return out.to(mine.device());
+}
+
 // NCCL runs a barrier as an all-reduce on a device it must guess unless told (the rank modulo the
 // device count, or cuda:0 before any collective): tell it ours. Its wait() then syncs that stream.
 void Comm::barrier(const std::string& what) {

@@ -34,6 +34,10 @@ class Comm {
   // (world_size * t.numel(),) holding every rank's t in rank order.
   torch::Tensor all_gather(const torch::Tensor& t, const std::string& what);
   void barrier(const std::string& what);
+  // Point to point: this rank sends `mine` to `partner` and receives the partner's tensor of the
+  // same shape, returned (the lower rank sends first, the higher receives first, so NCCL's blocking
+  // pairs match). Both ranks call it with each other as partner and the same tag.
+  torch::Tensor exchange(const torch::Tensor& mine, int partner, int tag, const std::string& what);
 
   // Asynchronous sum all-reduce of a contiguous tensor on the comm device; wait() returns when done.
   struct Pending;

@@ -24,6 +24,7 @@ Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
   if (init.dist.invariant) {
     batch_ = std::make_unique<GlobalBatch>(init);
     stash_.resize(layout_.buckets.size());
+    combine_ = pick_combine(layout_.world);
     stream_norm_ = flat_.params().is_cpu();  // every rank sees every bucket's sums (the all-gather)
   }
 }
@@ -49,12 +50,9 @@ void Zero2::combine(size_t i) {
   const auto& bucket = layout_.buckets[i];
   torch::Tensor mine = stash_[i].finish();
   stash_[i] = TreeSum();  // its spare buffers dropped with it
-  auto all = comm_.all_gather(mine, strf("all-gather of gradient bucket %zu/%zu (dist.invariant)", i + 1,
-                                         layout_.buckets.size()));
-  mine = torch::Tensor();
-  TreeSum ranks;
-  for (int w = 0; w < layout_.world; ++w) ranks.push(all.narrow(0, w * bucket.numel, bucket.numel), /*borrowed=*/false);
-  const torch::Tensor sums = ranks.finish();
+  const torch::Tensor sums =
+      sum_over_ranks(comm_, std::move(mine), combine_, layout_.rank, layout_.world,
+                     strf("%s of gradient bucket %zu/%zu (dist.invariant)", combine_name(combine_), i + 1, layout_.buckets.size()));
   const auto piece = layout_.piece(i, layout_.rank);
   if (piece.numel > 0)
     flat_.grad_pieces().narrow(0, piece_at_[i], piece.numel).copy_(sums.narrow(0, piece.offset - bucket.offset, piece.numel));
@@ -142,15 +140,15 @@ nlohmann::json Zero2::record() const {
   if (batch_) {
     j["invariant"] = true;
     batch_->record(j);
-    j["combine"] = "all-gather";
+    j["combine"] = combine_name(combine_);
   }
   return j;
 }
 
 std::string Zero2::invariant_line() const {
   if (!batch_) return "";
-  return "invariant: " + batch_->describe() + "; each bucket's sums in a tree stash per micro-batch, the ranks' " +
-         "subtree sums all-gathered at the last one and added in the same tree; ";
+  return "invariant: " + batch_->describe() + "; each bucket's sums in a tree stash per micro-batch, at the last one " +
+         combine_line(combine_, layout_.buckets.size(), static_cast<double>(flat_.numel()) * 4 / 1e6, layout_.world) + "; ";
 }
 
 std::string Zero2::describe(int64_t state_bytes, const std::string& what) const {

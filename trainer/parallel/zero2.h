@@ -27,8 +27,9 @@
 //
 // Under dist.invariant (global_batch.h, invariant.h) the hooks launch every micro-batch's buckets:
 // a bucket's sums (0 + g, the gradients freed) are pushed into that bucket's tree stash in the
-// order of the micro-batches; at the step's last micro-batch the bucket's subtree sum is
-// all-gathered (blocking, from the hook: no overlap, as the plain invariant strategy has none),
+// order of the micro-batches; at the step's last micro-batch the bucket's subtree sum is combined
+// with the other ranks' (all-gather or recursive doubling, global_batch.h; blocking, from the
+// hook: no overlap, as the plain invariant strategy has none),
 // the ranks' sums added in the same tree, this rank's piece kept and the norm streamed from the
 // whole sums: the bits of dist.invariant with dist.zero 0 at any world size. Memory: between steps
 // the pieces as above; during a step of A micro-batches up to log2 A + 1 copies of the gradients
@@ -95,6 +96,7 @@ class Zero2 : public Zero1 {
   // dist.invariant only: the global batch's rules, each bucket's tree of the micro-batches' sums,
   // and whether the running micro-batch is the step's last.
   std::unique_ptr<GlobalBatch> batch_;
+  Combine combine_ = Combine::kNone;
   std::vector<TreeSum> stash_;
   bool last_ = true;
 };

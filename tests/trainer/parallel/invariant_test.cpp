@@ -120,7 +120,9 @@ TEST(TreeSum, TheTablePicksInvariantAndItsLineSaysTheTreeAndTheDeal) {
   EXPECT_EQ(rec["world_size"], 4);
   EXPECT_EQ(rec["global_micro_batches"], 8);
   EXPECT_EQ(rec["deal"], nlohmann::json::parse("[[0, 2], [2, 4], [4, 6], [6, 8]]"));
-  EXPECT_EQ(rec["combine"], "all-gather");
+  EXPECT_EQ(rec["combine"], "recursive-doubling");  // a power-of-two world size > 2 (global_batch.h)
+  EXPECT_EQ(make_parallelism({dist, nullptr, flat, *lin, 1, 2, 1337, 4, 2})->record()["combine"], "all-gather");
+  EXPECT_EQ(make_parallelism({dist, nullptr, flat, *lin, 1, 6, 1337, 2, 2})->record()["combine"], "all-gather");
   const std::string line4 = four->describe(120, "the AdamW moments");
   EXPECT_NE(line4.find("rank 1 holds micro-batches [2, 4)"), std::string::npos) << line4;
   // Other strategies record their name.
@@ -168,8 +170,11 @@ class InvariantE2E : public ::testing::Test, protected test::GroupRun {
 
 // G = 8 micro-batches of 2 rows at world sizes 1, 2, 4 and 8 (grad_accum 8, 4, 2, 1), with dropout
 // and the EMA, clipping active (tiny.yaml: grad_clip 1): every step's loss and grad norm, the final
-// weights, the EMA and the optimizer state bit for bit. Checked to fail (world 2: other losses and
-// weights) with the dropout seeded by the micro-batch's index on its rank instead of its global index.
+// weights, the EMA and the optimizer state bit for bit, the ranks' sums combined by recursive doubling
+// at 4 and 8 ranks and all-gathered at 2 (and at 4 when told). Checked to fail (world 2: other
+// losses and weights) with the dropout seeded by the micro-batch's index on its rank instead of its
+// global index, and (worlds 4 and 8) with recursive doubling pairing the farthest ranks first
+// ((r0 + r2) + (r1 + r3) instead of the tree's (r0 + r1) + (r2 + r3)).
 TEST_F(InvariantE2E, WorldSizes1248GiveTheSameBits) {
   TempDir root;
   const std::vector<std::pair<int, int>> legs = {{1, 8}, {2, 4}, {4, 2}, {8, 1}};
@@ -189,11 +194,19 @@ TEST_F(InvariantE2E, WorldSizes1248GiveTheSameBits) {
     EXPECT_EQ(par["global_micro_batches"], 8) << par;
     EXPECT_EQ(par["deal"].size(), static_cast<size_t>(world)) << par;
     EXPECT_EQ(par["deal"][1], nlohmann::json::array({accum, 2 * accum})) << par;
+    EXPECT_EQ(par["combine"], world == 2 ? "all-gather" : "recursive-doubling") << par;
     const std::string log = test::read_text(dir + "/logs/rank_1.log");
     EXPECT_NE(log.find("rank 1 holds micro-batches [" + std::to_string(accum) + ", " + std::to_string(2 * accum) + ")"),
               std::string::npos)
         << log;
   }
+  // The other combine at 4 ranks (the ranks' sums all-gathered instead of recursive doubling): the
+  // same tree, the same bits.
+  const std::string gathered = root / "w4_all_gather";
+  run_ok(gathered, 4, {"train.max_steps=4", "train.grad_accum=2", "model.dropout=0.1"}, {"LM_INVARIANT_COMBINE=all-gather"});
+  EXPECT_EQ(nlohmann::json::parse(test::read_text(gathered + "/meta.json"))["parallelism"]["combine"], "all-gather");
+  EXPECT_EQ(loss_and_norm(gathered), loss_and_norm(one));
+  EXPECT_TRUE(test::read_text(gathered + "/model.safetensors") == test::read_text(one + "/model.safetensors"));
   // Without the switch, 4 ranks add the same micro-batches in another order: close, other bits.
   const std::string plain = root / "plain4";
   run_ok(plain, 4, {"train.max_steps=4", "train.grad_accum=2", "model.dropout=0.0", "dist.invariant=false"});
