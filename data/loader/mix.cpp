@@ -168,15 +168,12 @@ Plan MixPlanner::next() {
   Plan p;
   std::vector<Plan::Row> rows = plan_global(p);
   if (bucketed_) {  // longest first, dealt to ranks round-robin (loader.h); a budget's G is a multiple of the ranks
-    std::stable_sort(rows.begin(), rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
+    longest_first(rows);
     for (size_t i = static_cast<size_t>(rank_); i < rows.size(); i += static_cast<size_t>(world_)) p.rows.push_back(rows[i]);
   } else {
     p.rows.assign(rows.begin() + rank_ * B_, rows.begin() + (rank_ + 1) * B_);
   }
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    streams_[s].planner->forget_before(st_.sources[s].cursor);
-    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
-  }
+  forget_and_read_ahead();
   p.cursor_after = cursor_;
   p.mix_after = std::make_shared<const MixState>(st_);
   return p;
@@ -196,27 +193,43 @@ void MixPlanner::enter_stage() {
   resumed_ = false;
 }
 
+void MixPlanner::forget_and_read_ahead() {
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    streams_[s].planner->forget_before(st_.sources[s].cursor);
+    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);  // remote and raw-text sources fetch ahead
+  }
+}
+
+void MixPlanner::longest_first(std::vector<Plan::Row>& rows) {
+  std::stable_sort(rows.begin(), rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
+}
+
+std::vector<Plan::Row> MixPlanner::draw(uint64_t n, Plan& p, std::vector<int64_t>* row_tokens) {
+  p.source_tokens.assign(streams_.size(), 0);
+  std::vector<Plan::Row> rows;
+  for (uint64_t j = 0; j < n; ++j) {
+    const size_t s = pick();
+    if (s == streams_.size()) begin_segment(st_.stage, "no source left");  // throws
+    if (j == 0) p.epoch = static_cast<int64_t>(st_.sources[s].cursor / streams_[s].n);
+    int64_t tokens = 0;
+    rows.push_back(take(s, p, &tokens));
+    p.source_tokens[s] += tokens;
+    if (row_tokens) row_tokens->push_back(tokens);
+  }
+  cursor_ += n;
+  return rows;
+}
+
 void MixPlanner::plan_step() {
   enter_stage();
   step_ = Step{};
   step_.start = cursor_;
-  const uint64_t n = static_cast<uint64_t>(world_ * step_block_ * B_);
   Plan scratch;  // gathers the rows' epoch tables
-  for (uint64_t j = 0; j < n; ++j) {
-    const size_t s = pick();
-    if (s == streams_.size()) begin_segment(st_.stage, "no source left");  // throws
-    if (j == 0) step_.epoch = static_cast<int64_t>(st_.sources[s].cursor / streams_[s].n);
-    int64_t tokens = 0;
-    step_.rows.push_back(take(s, scratch, &tokens));
-    step_.tokens.push_back(tokens);
-  }
+  step_.rows = draw(static_cast<uint64_t>(world_ * step_block_ * B_), scratch, &step_.tokens);
+  step_.epoch = scratch.epoch;
   step_.keep = std::move(scratch.keep);
-  cursor_ += n;
   batches_ += static_cast<uint64_t>(step_block_);
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    streams_[s].planner->forget_before(st_.sources[s].cursor);
-    streams_[s].planner->read_ahead_from(st_.sources[s].cursor);
-  }
+  forget_and_read_ahead();
   step_.after = std::make_shared<const MixState>(st_);
 }
 
@@ -237,8 +250,7 @@ Plan MixPlanner::next_in_step() {
       if (r == rank_) p.rows.push_back(step_.rows[i]);
     }
   }
-  if (bucketed_)  // longest first, as a micro-batch of one rank is sorted
-    std::stable_sort(p.rows.begin(), p.rows.end(), [](const Plan::Row& a, const Plan::Row& b) { return a.ref.len > b.ref.len; });
+  if (bucketed_) longest_first(p.rows);  // as a micro-batch of one rank is sorted
   p.cursor_after = step_.start + static_cast<uint64_t>((k + 1) * world_ * B_);
   p.mix_after = step_.after;
   return p;
@@ -246,18 +258,8 @@ Plan MixPlanner::next_in_step() {
 
 std::vector<Plan::Row> MixPlanner::plan_global(Plan& p) {
   enter_stage();
-  p.source_tokens.assign(streams_.size(), 0);
   const uint64_t G = own_.token_budget > 0 ? budget_rows() : static_cast<uint64_t>(world_ * B_);
-  std::vector<Plan::Row> rows;
-  for (uint64_t j = 0; j < G; ++j) {
-    const size_t s = pick();
-    if (s == streams_.size()) begin_segment(st_.stage, "no source left");  // throws
-    if (j == 0) p.epoch = static_cast<int64_t>(st_.sources[s].cursor / streams_[s].n);
-    int64_t tokens = 0;
-    rows.push_back(take(s, p, &tokens));
-    p.source_tokens[s] += tokens;
-  }
-  cursor_ += G;
+  std::vector<Plan::Row> rows = draw(G, p, nullptr);
   ++batches_;
   return rows;
 }

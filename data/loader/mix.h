@@ -94,6 +94,11 @@ class MixPlanner : public BatchPlanner {
   size_t pick() const;
   Plan::Row take(size_t s, Plan& p, int64_t* tokens);
   uint64_t budget_rows();
+  // The global stream's next n samples (the cursor moved past them); p gets their epoch tables, the
+  // epoch of the first and the tokens per source; row_tokens (optional) each row's tokens.
+  std::vector<Plan::Row> draw(uint64_t n, Plan& p, std::vector<int64_t>* row_tokens);
+  void forget_and_read_ahead();  // each source's planner from its cursor on
+  static void longest_first(std::vector<Plan::Row>& rows);  // stable
   std::vector<Plan::Row> plan_global(Plan& p);  // the global batch's rows, the state after it
   // The stage for the batch planned next; with step blocks decided at a step's start only.
   void enter_stage();
