@@ -40,32 +40,40 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t 
   return h + F::dropout(m, F::DropoutFuncOptions().p(dropout).training(is_training() && dropout > 0));
 }
 
-GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size) : LMImpl(c, vocab_size) {
+GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred) : LMImpl(c, vocab_size) {
+  auto made = [deferred](torch::nn::Module& m) {
+    if (deferred) to_placeholders(m, *deferred);
+  };
   wte = register_module("wte", torch::nn::Embedding(vocab_size, c.d_model));
+  made(*wte);
   wpe = register_module("wpe", torch::nn::Embedding(c.seq_len, c.d_model));
+  made(*wpe);
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(Block(c));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    Block block(c);
+    made(*block);
+    blocks->push_back(block);
+  }
   lnf = register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  init_weights();
+  made(*lnf);
+  if (!deferred) init_weights(nullptr);
 }
 
-void GPTImpl::init_weights() {
-  torch::NoGradGuard ng;
+void GPTImpl::init_weights(const WeightWriter& write) {
   const double std = cfg.init_std, resid_std = cfg.init_std / std::sqrt(2.0 * cfg.n_layer);
   for (auto& p : named_parameters()) {
     const std::string& name = p.key();
-    auto& t = p.value();
-    if (t.dim() == 1) {  // LayerNorm weights (the only 1-d weights) -> 1, every bias -> 0
-      bool weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
-      weight ? t.fill_(1.0) : t.zero_();
+    if (p.value().dim() == 1) {  // LayerNorm weights (the only 1-d weights) -> 1, every bias -> 0
+      const bool weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+      draw(p.value(), write, [weight](torch::Tensor& t) { weight ? t.fill_(1.0) : t.zero_(); });
     } else {
-      bool resid = name.find(".proj.weight") != std::string::npos ||
-                   name.find(".fc2.weight") != std::string::npos;
+      const bool resid = name.find(".proj.weight") != std::string::npos || name.find(".fc2.weight") != std::string::npos;
       // torch::nn::init::normal_ is t.normal_(mean, std) inside LibTorch: called here, g++ 14 warned
       // (-Wmaybe-uninitialized, an error under LM_WERROR) about the std::optional<at::Generator>
       // default argument the inlined Tensor::normal_ destroys (LibTorch 2.6, in the unity TU). The
       // same draws either way.
-      torch::nn::init::normal_(t, 0.0, resid ? resid_std : std);
+      const double s = resid ? resid_std : std;
+      draw(p.value(), write, [s](torch::Tensor& t) { torch::nn::init::normal_(t, 0.0, s); });
     }
   }
 }

@@ -30,8 +30,10 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct GPTImpl : LMImpl {
-  // vocab_size: the padded vocabulary (see padded_vocab()).
-  GPTImpl(const ModelConfig& c, int64_t vocab_size);
+  // vocab_size: the padded vocabulary (see padded_vocab()). deferred: every parameter a placeholder
+  // on that device, each submodule's made one after another (LibTorch's resets draw as without it),
+  // and init_weights() left to the caller (models/build.h build_model_deferred); null: initialised here.
+  GPTImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred = nullptr);
 
   // idx: (B, T) int64, T <= seq_len -> lnf's output (B, T, C); under numerics.bf16_residual and
   // autocast, the residual stream from the embeddings on, the LayerNorms and this output are in
@@ -43,7 +45,7 @@ struct GPTImpl : LMImpl {
 
   // GPT-2 init: N(0, init_std) for matrices and embeddings, residual projections scaled by
   // 1/sqrt(2*n_layer), zero biases, unit LayerNorm. Draws from the default generator.
-  void init_weights() override;
+  void init_weights(const WeightWriter& write) override;
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList blocks{nullptr};

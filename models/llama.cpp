@@ -92,40 +92,52 @@ torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tenso
   return h + feed_forward->forward(ffn_norm->forward(h));
 }
 
-LlamaImpl::LlamaImpl(const ModelConfig& c, int64_t vocab_size) : LMImpl(c, vocab_size) {
+LlamaImpl::LlamaImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred) : LMImpl(c, vocab_size) {
+  auto made = [deferred](torch::nn::Module& m) {
+    if (deferred) to_placeholders(m, *deferred);
+  };
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(vocab_size, c.d_model));
+  made(*tok_embeddings);
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) layers->push_back(LlamaBlock(c));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    LlamaBlock block(c);
+    made(*block);
+    layers->push_back(block);
+  }
   norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
-  if (!c.tie_embeddings) output = register_module("output", linear_no_bias(c.d_model, vocab_size));
+  made(*norm);
+  if (!c.tie_embeddings) {
+    output = register_module("output", linear_no_bias(c.d_model, vocab_size));
+    made(*output);
+  }
   // Meta's precompute_freqs_cis, in fp32: angle(t, i) = t * theta^(-2i/hd).
   const int64_t hd = c.d_model / c.n_head;
   auto freqs = 1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, torch::kFloat).slice(0, 0, hd / 2) / hd);
   auto angles = torch::outer(torch::arange(c.seq_len, torch::kFloat), freqs);  // (seq_len, hd/2)
   cos_ = angles.cos();
   sin_ = angles.sin();
-  init_weights();
+  if (!deferred) init_weights(nullptr);
 }
 
-void LlamaImpl::init_weights() {
-  torch::NoGradGuard ng;
+void LlamaImpl::init_weights(const WeightWriter& write) {
   const double std = cfg.init_std;
-  if (cfg.tie_embeddings) tok_embeddings->weight.normal_(0.0, std);
-  else tok_embeddings->weight.normal_(0.0, 1.0);
+  const double emb_std = cfg.tie_embeddings ? std : 1.0;
+  draw(tok_embeddings->weight, write, [emb_std](torch::Tensor& t) { t.normal_(0.0, emb_std); });
+  auto ones = [](torch::Tensor& t) { t.fill_(1.0); };
   for (size_t l = 0; l < layers->size(); ++l) {
     auto* b = layers[l]->as<LlamaBlock>();
     const double depth_std = std / std::sqrt(2.0 * static_cast<double>(l + 1));
     for (auto* w : {&b->attention->wq, &b->attention->wk, &b->attention->wv, &b->feed_forward->w1})
-      trunc_normal((*w)->weight, std, -2, 2);
+      draw((*w)->weight, write, [std](torch::Tensor& t) { trunc_normal(t, std, -2, 2); });
     for (auto* w : {&b->attention->wo, &b->feed_forward->w2, &b->feed_forward->w3})
-      trunc_normal((*w)->weight, depth_std, -2, 2);
-    b->attention_norm->weight.fill_(1.0);
-    b->ffn_norm->weight.fill_(1.0);
+      draw((*w)->weight, write, [depth_std](torch::Tensor& t) { trunc_normal(t, depth_std, -2, 2); });
+    draw(b->attention_norm->weight, write, ones);
+    draw(b->ffn_norm->weight, write, ones);
   }
-  norm->weight.fill_(1.0);
+  draw(norm->weight, write, ones);
   if (output) {
     const double out_std = 1.0 / std::sqrt(static_cast<double>(cfg.d_model));
-    trunc_normal(output->weight, out_std, -3 * out_std, 3 * out_std);
+    draw(output->weight, write, [out_std](torch::Tensor& t) { trunc_normal(t, out_std, -3 * out_std, 3 * out_std); });
   }
 }
 

@@ -58,7 +58,8 @@ struct LlamaBlockImpl : torch::nn::Module {
 TORCH_MODULE(LlamaBlock);
 
 struct LlamaImpl : LMImpl {
-  LlamaImpl(const ModelConfig& c, int64_t vocab_size);
+  // deferred: as GPTImpl's (gpt.h).
+  LlamaImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred = nullptr);
 
   // The final norm's output (B, T, C): fp32, or under numerics.bf16_residual and autocast, with
   // the residual stream from the embedding on, in autocast's dtype. Under numerics.doc_eos
@@ -70,7 +71,7 @@ struct LlamaImpl : LMImpl {
   // torchtitan's init (depth_init): embedding N(0, 1) (tied: N(0, init_std)); per layer l
   // (0-based) wq, wk, wv, w1 ~ TN(0, init_std), wo, w2, w3 ~ TN(0, init_std / sqrt(2 (l + 1)))
   // (TN: truncated to [-2, 2]); RMSNorm weights 1; output ~ TN(0, d^-1/2) cut at 3 std.
-  void init_weights() override;
+  void init_weights(const WeightWriter& write) override;
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};

@@ -59,6 +59,34 @@ torch::Tensor LMImpl::run_block(size_t i, std::function<torch::Tensor(const torc
   return y;
 }
 
+void LMImpl::draw(const torch::Tensor& p, const WeightWriter& write, const std::function<void(torch::Tensor&)>& fill) {
+  torch::NoGradGuard ng;
+  if (!write) {
+    torch::Tensor t = p;
+    fill(t);
+    return;
+  }
+  auto scratch = torch::empty(p.sizes(), torch::kFloat);
+  fill(scratch);
+  write(p, scratch);
+}
+
+torch::Tensor placeholder(at::IntArrayRef shape, const torch::Device& device) {
+  return torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device)).expand(shape);
+}
+
+bool is_placeholder(const torch::Tensor& t) {
+  if (t.dim() == 0) return false;
+  for (auto s : t.strides())
+    if (s != 0) return false;
+  return true;
+}
+
+void to_placeholders(torch::nn::Module& m, const torch::Device& device) {
+  torch::NoGradGuard ng;
+  for (auto& p : m.parameters()) p.set_data(placeholder(p.sizes(), device));
+}
+
 int64_t LMImpl::num_params() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();

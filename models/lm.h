@@ -67,6 +67,20 @@ struct UnitHooks {
   virtual void before_backward(size_t unit) = 0;
 };
 
+// Where init_weights() and model.init_from put a parameter's values when the model was built with
+// placeholders (build_model_deferred, models/build.h): handed the parameter and its values, whole, on
+// the CPU, one parameter at a time; whoever keeps the weights copies the part it keeps
+// (trainer/optim/flat_params.h FlatParams::write). Unset: the values are drawn into the parameter.
+using WeightWriter = std::function<void(const torch::Tensor& param, const torch::Tensor& values)>;
+
+// A deferred build's stand-in for a parameter: its shape, dtype float and device, and no memory
+// (one zero, expanded: every stride 0).
+torch::Tensor placeholder(at::IntArrayRef shape, const torch::Device& device);
+bool is_placeholder(const torch::Tensor& t);
+// Every parameter of m made a placeholder on `device` (set_data: the modules' own members follow),
+// its memory released.
+void to_placeholders(torch::nn::Module& m, const torch::Device& device);
+
 // The training objective's terms, summed over targets != -1 (the trainer back-propagates ce + z and
 // logs them apart): the cross-entropy, and the z-loss (undefined where numerics.z_loss is 0).
 struct LossTerms {
@@ -95,8 +109,10 @@ struct LMImpl : torch::nn::Module {
   // loss_sum() and, where numerics.z_loss > 0, the z-loss from the same logits (the plain path's
   // cross_entropy_z_sum or the fused head's fused_head_loss_z_sum).
   LossTerms loss_terms(const torch::Tensor& idx, const torch::Tensor& targets);
-  // Redraws every weight as the architecture initialises it (default generator).
-  virtual void init_weights() = 0;
+  // Draws every weight as the architecture initialises it (default generator), one parameter after
+  // another in the architecture's order: into the parameters themselves (write unset), or each into
+  // a scratch tensor of its shape on the CPU handed to `write` (the same draws, the same values).
+  virtual void init_weights(const WeightWriter& write) = 0;
   int64_t num_params() const;  // unique parameters (a tied head counted once)
   // The transformer blocks, in order (units 0.. of UnitHooks; every other parameter is the rest).
   virtual torch::nn::ModuleList block_list() const = 0;
@@ -121,6 +137,9 @@ struct LMImpl : torch::nn::Module {
   bool recompute_blocks_now(const KVCache* cache) const {
     return numerics.recompute_blocks && !cache && is_training() && torch::GradMode::is_enabled();
   }
+  // One parameter of init_weights(): `fill` applied to p itself, or with a writer to a CPU scratch of
+  // p's shape, then written.
+  static void draw(const torch::Tensor& p, const WeightWriter& write, const std::function<void(torch::Tensor&)>& fill);
   // The documents of idx when numerics.doc_eos >= 0 and there is no KV cache; else undefined.
   DocMask doc_mask_now(const torch::Tensor& idx, const KVCache* cache) const {
     return numerics.doc_eos >= 0 && !cache ? doc_mask_of(idx, numerics.doc_eos) : DocMask{};

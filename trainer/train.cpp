@@ -93,6 +93,7 @@ class Trainer {
     resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
     if (!resume_.dir.empty())
       check_compatible(resume_, arch_json(cfg.model, vocab_), data_.resume_version, cfg.checkpoint.force);
+    const double mb_before_model = memory_mb(device_);
     build_model();
     register_state();
     ResumeFacts resumed;
@@ -114,6 +115,10 @@ class Trainer {
       log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, resumed.load_ms));
     m_.parallel->start();
     log::info(m_.parallel->describe(m_.opt->state_bytes(), m_.opt->state_name()));
+    // The start's own peak: the model built, placed and restored (ZeRO-3: never every weight at once).
+    log::info(strf("memory: start-up peak %.0f MB (%s), %.0f MB before the model; the weights are %.0f MB",
+                   peak_memory_mb(device_), device_.is_cuda() ? "CUDA peak allocated" : "peak resident set",
+                   mb_before_model, 4.0 * static_cast<double>(m_.params) / 1e6));
     step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
         &cfg_.train, &cfg_.model, cfg_.data.reuse_batch, !cfg_.data.bucketed(), cfg_.optim.grad_clip,
         cfg_.optim.z_loss > 0, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), m_.parallel.get(), device_,

@@ -312,7 +312,8 @@ torch::Tensor SafetensorsReader::read(const std::string& name) const {
   return e.t;
 }
 
-void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what) {
+void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what,
+                      const std::function<void(const torch::Tensor& dst, const torch::Tensor& values)>& write) {
   std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
   torch::NoGradGuard ng;
   size_t used = 0;
@@ -322,7 +323,8 @@ void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const s
     if (it->second.sizes() != dst.sizes())
       throw CheckpointError(what + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                             ", the model expects " + c10::str(dst.sizes()));
-    dst.copy_(it->second);
+    if (write) write(dst, it->second);
+    else dst.copy_(it->second);
     ++used;
   }
   if (used != by_name.size()) {

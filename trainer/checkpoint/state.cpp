@@ -19,9 +19,15 @@ ComponentState ModuleState::state() const {
 void ModuleState::load_state(const ComponentState* st) {
   bool sliced = !st->shards.empty();
   for (const auto& [name, t] : st->tensors) sliced = sliced || name.find('[') != std::string::npos;
-  if (!sliced) return load_into_module(m_, st->tensors, what_ + ".safetensors");  // whole, in the parameters' shapes
+  // Kept in parts (part_: ZeRO-3), only this rank's pieces are copied in: it never holds them all.
+  const std::vector<FlatRange>* only = part_ ? &*part_ : nullptr;
+  if (!sliced) {  // whole, in the parameters' shapes
+    if (!only) return load_into_module(m_, st->tensors, what_ + ".safetensors");
+    return load_into_module(m_, st->tensors, what_ + ".safetensors",
+                            [&](const torch::Tensor& p, const torch::Tensor& v) { flat_->write(p, v, only); });
+  }
   if (!flat_) throw CheckpointError(what_ + ": the weights are saved in parts; this reader takes them whole only");
-  load_flat_values(*flat_, flat_->params(), *st, what_);
+  load_flat_values(*flat_, flat_->params(), *st, what_, only);
 }
 
 void StateRegistry::add(const std::string& key, Scope scope, Stateful& c, bool optional) {

@@ -94,7 +94,7 @@ ExportStats export_hf(const ModelConfig& model, const DataConfig& data_cfg, cons
   return stats;
 }
 
-void init_from_hf(LMImpl& m, const std::string& dir) {
+void init_from_hf(LMImpl& m, const std::string& dir, const WeightWriter& write) {
   if (dir.empty()) return;
   const std::string config = dir + "/config.json", weights = dir + "/model.safetensors";
   if (!files::exists(config)) throw CheckpointError(config + ": missing (model.init_from)");
@@ -130,7 +130,8 @@ void init_from_hf(LMImpl& m, const std::string& dir) {
     auto& dst = ours.at(back.at(0).first);
     if (back.at(0).second.sizes() != dst.sizes())
       throw CheckpointError(weights + ": tensor '" + name + "' does not fit " + back.at(0).first);
-    dst.copy_(back.at(0).second);
+    if (write) write(dst, back.at(0).second);
+    else dst.copy_(back.at(0).second);
   }
   log::info("model.init_from: loaded " + std::to_string(in.names().size()) + " tensors from " + weights + " one at a time");
 }

@@ -33,6 +33,8 @@ ExportStats export_hf(const ModelConfig& model, const DataConfig& data, const st
 // activation, biases, tied head, vocabulary..., naming the field and both values), and a
 // model.safetensors whose tensors are missing, extra, or of another shape than m's (naming the
 // first such HF tensor and both shapes).
-void init_from_hf(LMImpl& m, const std::string& dir);
+// write: where each tensor's values go (models/lm.h WeightWriter: the keeper of a deferred build's
+// weights); unset: copied into m's parameters.
+void init_from_hf(LMImpl& m, const std::string& dir, const WeightWriter& write = nullptr);
 
 }  // namespace lm

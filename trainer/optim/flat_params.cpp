@@ -1,9 +1,12 @@
 // Flat parameters, gradient paths and clipping (see flat_params.h).
 #include "trainer/optim/flat_params.h"
 
+#include <algorithm>
+
 #include "common/torch/compat.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "models/lm.h"
 #include "trainer/optim/flat_norm.h"
 
 namespace lm {
@@ -65,12 +68,39 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
     auto& t = order[i];
     const auto& e = entries_[i];
     auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
-    pv.copy_(t);
+    const bool placeholder = is_placeholder(t);
+    if (!placeholder) pv.copy_(t);
+    written_.push_back(!placeholder);
+    pending_ += placeholder;
+    index_[t.unsafeGetTensorImpl()] = i;
     t.set_data(pv);
     if (per_param) t.mutable_grad().reset();
     else t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
     tensors_.push_back(t);
   }
+}
+
+void FlatParams::write(const torch::Tensor& param, const torch::Tensor& values, const std::vector<FlatRange>* keep) {
+  auto it = index_.find(param.unsafeGetTensorImpl());
+  TORCH_CHECK(it != index_.end(), "FlatParams::write: not one of the flat parameters");
+  const auto& e = entries_[it->second];
+  TORCH_CHECK(values.numel() == e.numel, "FlatParams::write: ", values.numel(), " values for '", e.name, "' (",
+              e.numel, ")");
+  torch::NoGradGuard ng;
+  const auto v = values.reshape({-1});
+  const std::vector<FlatRange> all = {{0, numel()}};
+  for (const auto& r : keep ? *keep : all) {
+    const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
+    if (a < b) params_.narrow(0, a, b - a).copy_(v.narrow(0, a - e.offset, b - a));
+  }
+  if (!written_[it->second]) written_[it->second] = 1, --pending_;
+}
+
+std::vector<std::string> FlatParams::pending_names(size_t max) const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < entries_.size() && out.size() < max; ++i)
+    if (!written_[i]) out.push_back(entries_[i].name);
+  return out;
 }
 
 torch::Tensor& FlatParams::grads() {

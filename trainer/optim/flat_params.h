@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trainer/optim/optim_config.h"
@@ -54,12 +55,21 @@ class FlatParams {
     int64_t offset, numel;
     bool decay;
   };
-  // REQUIRES: every parameter of `module` is on the same device and dtype (float32).
+  // REQUIRES: every parameter of `module` is on the same device and dtype (float32). Parameters that
+  // are placeholders (models/lm.h, a deferred build) give their shape only: the buffer holds no
+  // values for them until write() puts them there (values_pending() until then).
   explicit FlatParams(torch::nn::Module& module, GradPath path = {});
   FlatParams(const FlatParams&) = delete;
   FlatParams& operator=(const FlatParams&) = delete;
 
   const GradPath& path() const { return path_; }
+  // Parameter `param`'s values (whole, its shape, any device), the parts of `keep` copied in (the
+  // ranges of the flat buffer this rank keeps, ascending; null: all of it). With every parameter
+  // written, values_pending() turns false.
+  void write(const torch::Tensor& param, const torch::Tensor& values, const std::vector<FlatRange>* keep = nullptr);
+  // Parameters that were placeholders and are not written yet (their names, at most `max` of them).
+  bool values_pending() const { return pending_ > 0; }
+  std::vector<std::string> pending_names(size_t max = 3) const;
   torch::Tensor& params() { return params_; }  // (numel,)
   const torch::Tensor& params() const { return params_; }
   // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads and !path().pieces.
@@ -92,6 +102,9 @@ class FlatParams {
   std::vector<FlatRange> piece_ranges_;
   std::vector<torch::Tensor> tensors_;  // the parameters, in entries() order
   std::vector<Entry> entries_, runs_;
+  std::unordered_map<const void*, size_t> index_;  // parameter (TensorImpl) -> entry
+  std::vector<char> written_;                      // per entry: has its values (not a placeholder's)
+  size_t pending_ = 0;
 };
 
 // The L2 norm of the gradients (not in pieces) as a 0-dim tensor: on the CPU this project's own

@@ -15,7 +15,9 @@ DataParallel::DataParallel(const ParallelInit& init)
       world_(init.world) {}
 
 void DataParallel::start() {
-  comm_.broadcast(flat_.params(), 0, "broadcast of the initial parameters");
+  // A strategy keeping only its pieces of the weights (ZeRO-3) has nothing whole to broadcast: each
+  // rank drew or restored its own pieces.
+  if (!weights_part()) comm_.broadcast(flat_.params(), 0, "broadcast of the initial parameters");
   sync_ = std::make_unique<GradSync>(comm_, flat_, model_, plan_buckets(flat_, bucket_mb_), reduce(), reduce_name());
   log::info(strf("data parallel: %s, %zu gradient buckets of <= %.0f MB", comm_.backend().c_str(), sync_->num_buckets(),
                  bucket_mb_));

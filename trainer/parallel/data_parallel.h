@@ -22,7 +22,8 @@ class DataParallel : public Parallelism {
  public:
   explicit DataParallel(const ParallelInit& init);
   // Rank 0's parameters broadcast to every rank (after a resume every rank restored the same ones:
-  // one source of truth all the same), then the gradient buckets' hooks (logged).
+  // one source of truth all the same; not with a weights_part(): no rank holds them whole), then the
+  // gradient buckets' hooks (logged).
   void start() override;
   void before_backward(const MicroStep& m) override { sync_->begin(m.last()); }
   void after_backward(int64_t step) override { sync_->finish(step); }

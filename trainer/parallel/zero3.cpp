@@ -90,7 +90,9 @@ Zero3::Zero3(const ParallelInit& init)
   auto buffer = torch::from_blob(mem, {n}, [bytes](void* p) { ::munmap(p, bytes); }, flat_.params().options());
   {
     torch::NoGradGuard ng;
-    buffer.copy_(flat_.params());
+    // Values written already (a module built whole) move with the buffer; a deferred build's are
+    // written after, each rank its pieces only (FlatParams::write): no page of the others' is touched.
+    if (!flat_.values_pending()) buffer.copy_(flat_.params());
     for (const auto& e : flat_.entries()) {
       auto& t = by_name.at(e.name);
       t.set_data(buffer.narrow(0, e.offset, e.numel).view(t.sizes()));

@@ -170,6 +170,14 @@ double available_memory_bytes(const torch::Device& device) {
   return avail;
 }
 
+double peak_memory_mb(const torch::Device& device) {
+  if (device.is_cuda()) return memory_mb(device);
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1e3;  // kB
+  return 0;
+}
+
 void reset_peak_memory(const torch::Device& device) {
 #if LM_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());

@@ -65,6 +65,9 @@ class BatchUploader {
 // Memory in MB: CUDA peak allocated since the last reset, or this process's CPU resident set.
 double memory_mb(const torch::Device& device);
 void reset_peak_memory(const torch::Device& device);
+// The most memory held so far, in MB: CUDA's peak allocated since the last reset, or this process's
+// peak resident set (VmHWM) on the CPU.
+double peak_memory_mb(const torch::Device& device);
 // Bytes a new allocation can still get: CUDA free memory, or MemAvailable (capped by the cgroup's
 // memory.max) on CPU; 0 when unknown.
 double available_memory_bytes(const torch::Device& device);

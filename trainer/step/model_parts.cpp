@@ -23,9 +23,23 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
   ModelParts m;
   rng.seed_shared(seed);  // identical init on every rank
-  m.model = build_model(cfg.model, vocab);
-  init_from_hf(*m.model, cfg.model.init_from);  // model.init_from, when set
-  m.model->to(device);
+  // Built with placeholders (models/build.h), laid out, then each parameter drawn whole in turn and
+  // written where it is kept: only this rank's pieces under ZeRO-3 (weights_part), so no rank ever
+  // holds every weight, not even at the start. Nothing may draw from the default generator between
+  // the build and init_weights (the values are then build_model's on every rank).
+  m.model = build_model_deferred(cfg.model, vocab, device);
+  m.flat = std::make_unique<FlatParams>(*m.model, path);
+  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world, seed, cfg.train.grad_accum,
+                                 cfg.train.micro_batch_size});
+  const auto keep = m.parallel->weights_part();
+  const WeightWriter write = [&](const torch::Tensor& p, const torch::Tensor& v) { m.flat->write(p, v, keep ? &*keep : nullptr); };
+  m.model->init_weights(write);
+  init_from_hf(*m.model, cfg.model.init_from, write);  // model.init_from, when set
+  if (m.flat->values_pending()) {
+    std::string names;
+    for (const auto& n : m.flat->pending_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("model: " + cfg.model.arch + "'s init_weights left parameters unwritten (" + names + ")");
+  }
   m.model->numerics.fused_loss = cfg.train.fused_loss_on(device.is_cuda());
   m.model->numerics.bf16_residual = cfg.train.bf16_residual;
   m.model->numerics.recompute_blocks = cfg.train.recompute_blocks();
@@ -47,9 +61,6 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
                                                        : "every block's kept for the backward",
                    cfg.train.activation_checkpointing.c_str()));
   }
-  m.flat = std::make_unique<FlatParams>(*m.model, path);
-  m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world, seed, cfg.train.grad_accum,
-                                 cfg.train.micro_batch_size});
   m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
   if (cfg.train.ema_decay > 0) {
     m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay, m.parallel->weights_part());

@@ -104,6 +104,58 @@ TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheStepsOrTheSaves) {
   }
 }
 
+// Each rank's "memory: start-up peak X MB" (the process's peak resident set when training begins).
+std::vector<double> startup_peaks_mb(const std::string& dir, int world) {
+  std::vector<double> out;
+  for (int r = 0; r < world; ++r) {
+    const std::string log = test::read_text(dir + "/logs/rank_" + std::to_string(r) + ".log");
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(log, m, std::regex("memory: start-up peak (\\d+) MB \\(peak resident set\\)"))) << log;
+    out.push_back(m.empty() ? 0 : std::stod(m[1].str()));
+  }
+  return out;
+}
+
+// No rank holds all weights at the start either, nor when it resumes: the model is built with
+// placeholders and each rank draws (or reads from its checkpoint) only its own pieces. A model whose
+// weights dominate (d_model 512, 8 layers: 25M weights, 102 MB) at 4 ranks, ZeRO-3 against ZeRO-2
+// (which keeps every weight, but the same gradient pieces and optimizer state): each ZeRO-3 rank's
+// start-up peak is below every ZeRO-2 rank's by more than half the weights' bytes (3/4 expected:
+// 75 MB here), fresh and resumed from the same checkpoint in parts (ZeRO-3's, 4 ranks). Checked to
+// fail with the model built whole as before (build_model, every value copied into the flat buffer):
+// the ZeRO-3 ranks peaked at 539 MB against ZeRO-2's 440; and with a resume reading every piece of
+// the weights (ModuleState::load_state without the rank's part): 418 MB against ZeRO-2's 418.
+TEST_F(Zero3E2E, NoRankHoldsAllWeightsAtTheStartNorWhenItResumes) {
+  TempDir two, three;
+  const std::vector<std::string> shape = {"model.d_model=512", "model.n_layer=8", "model.n_head=8", "model.seq_len=32",
+                                          "train.micro_batch_size=1", "dist.bucket_mb=4", "checkpoint.every_steps=1"};
+  auto leg = [&](const std::string& dir, int zero, int64_t steps, const std::string& resume) {
+    auto a = shape;
+    a.push_back("dist.zero=" + std::to_string(zero));
+    a.push_back("train.max_steps=" + std::to_string(steps));
+    if (!resume.empty()) a.push_back("checkpoint.resume=" + resume);
+    run_ok(dir, 4, a);
+  };
+  leg(two / "a", 2, 1, "");
+  leg(three / "a", 3, 1, "");
+  leg(two / "b", 2, 2, test::checkpoint_dir(three / "a", 1));  // the same parts read
+  leg(three / "b", 3, 2, test::checkpoint_dir(three / "a", 1));
+  const std::string log = test::read_text(three / "a/logs/rank_0.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("the weights are (\\d+) MB"))) << log;
+  const double weights_mb = std::stod(m[1].str());
+  EXPECT_GT(weights_mb, 90);
+  for (const char* sub : {"a", "b"}) {
+    const auto p2 = startup_peaks_mb(two / sub, 4), p3 = startup_peaks_mb(three / sub, 4);
+    const double low2 = *std::min_element(p2.begin(), p2.end()), high3 = *std::max_element(p3.begin(), p3.end());
+    EXPECT_LT(high3, low2 - weights_mb / 2) << sub << ": ZeRO-3 " << testing::PrintToString(p3) << " MB, ZeRO-2 "
+                                            << testing::PrintToString(p2) << " MB, weights " << weights_mb << " MB";
+    std::printf("%s: start-up peaks ZeRO-2 %s MB, ZeRO-3 %s MB (weights %.0f MB)\n", sub, testing::PrintToString(p2).c_str(),
+                testing::PrintToString(p3).c_str(), weights_mb);
+  }
+  EXPECT_EQ(loss_and_norm(two / "b"), loss_and_norm(three / "b"));
+}
+
 // Evaluation gathers the weights unit by unit inside the validation and task forwards, as the steps
 // do (an odd number of batches over 2 ranks, and task examples whose choices make 5 forwards on rank
 // 0 and 2 on rank 1: the ranks in lockstep), the EMA's pieces swapped in: the same validation losses
