@@ -17,14 +17,23 @@ namespace lm {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// One component's state: small values as JSON, tensors by name (either may be empty). A sharded
-// component (each rank saves its own part of it: an optimizer the parallelism shards) gets back every part the
-// run that saved it wrote, as `shards`: each call reads one part's tensors, so a rank holds one
-// part at a time while it keeps what it needs (the world size may have changed).
+// One component's state: small values as JSON, tensors by name (either may be empty). Saved, the
+// tensors are in `tensors`. Loaded from a checkpoint, they come as `shards`, each call reading some
+// of them, so a component holds one call's at a time while it keeps what it needs: a sharded
+// component (each rank saves its own part of it: an optimizer the parallelism shards) gets every
+// part the run that saved it wrote, one part per call (the world size may have changed); a whole
+// component's file comes one tensor per call.
 struct ComponentState {
   nlohmann::json values = nlohmann::json::object();
   NamedTensors tensors;
   std::vector<std::function<NamedTensors()>> shards = {};  // (= {}: aggregate initialisations may leave it out)
+  // Every tensor at once: `tensors`, then each shard's, read now (for small states and tests).
+  NamedTensors all_tensors() const {
+    NamedTensors out = tensors;
+    for (const auto& read : shards)
+      for (auto& t : read()) out.push_back(std::move(t));
+    return out;
+  }
 };
 
 class Stateful {

@@ -2,6 +2,7 @@
 #include "trainer/checkpoint/checkpoint.h"
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -10,6 +11,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/checkpoint/layout.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -95,6 +97,14 @@ class CheckedReader {
   NamedTensors tensors(const std::string& name) const {
     return load_safetensors(dir_ + "/" + name, nullptr, entry(name).second);
   }
+  // Checked now (check()), then read one tensor per call, each call's tensor alone in memory.
+  std::vector<std::function<NamedTensors()>> tensor_by_tensor(const std::string& name) const {
+    check(name);
+    auto in = std::make_shared<SafetensorsReader>(dir_ + "/" + name);
+    std::vector<std::function<NamedTensors()>> out;
+    for (const auto& t : in->names()) out.push_back([in, t] { return NamedTensors{{t, in->read(t)}}; });
+    return out;
+  }
   // Throws CheckpointError unless the file is listed and its checksum matches (read, not kept).
   void check(const std::string& name) const {
     if (hex64(xxh64_file(dir_ + "/" + name)) != entry(name).second) throw CheckpointError(dir_ + "/" + name + ": checksum mismatch");
@@ -177,7 +187,10 @@ CheckpointState Checkpointer::load(const std::string& dir) {
     st.step = state.at("step").get<int64_t>();
     st.run = state.at("run");
     for (auto& [key, values] : state.at("components").items()) st.replicated[key].values = values;
-    for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].tensors = in.tensors(file.get<std::string>());
+    // A whole component's file: checked now, read one tensor at a time when the component loads it
+    // (so a rank keeping part of it, ZeRO-3's pieces of the weights or a sharded optimizer's ranges
+    // of the moments, never holds it all, and no resume holds the file beside what it fills).
+    for (auto& [key, file] : state.at("tensor_files").items()) st.replicated[key].shards = in.tensor_by_tensor(file.get<std::string>());
     // A sharded component's parts: checked now (a damaged one makes this checkpoint not verify),
     // read one at a time when the component loads them.
     if (state.contains("part_files"))

@@ -312,8 +312,7 @@ torch::Tensor SafetensorsReader::read(const std::string& name) const {
   return e.t;
 }
 
-void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what,
-                      const std::function<void(const torch::Tensor& dst, const torch::Tensor& values)>& write) {
+void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what) {
   std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
   torch::NoGradGuard ng;
   size_t used = 0;
@@ -323,8 +322,7 @@ void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const s
     if (it->second.sizes() != dst.sizes())
       throw CheckpointError(what + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
                             ", the model expects " + c10::str(dst.sizes()));
-    if (write) write(dst, it->second);
-    else dst.copy_(it->second);
+    dst.copy_(it->second);
     ++used;
   }
   if (used != by_name.size()) {

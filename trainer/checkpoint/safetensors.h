@@ -8,7 +8,6 @@
 
 #include <torch/torch.h>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,11 +105,9 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// Copies `tensors` into the module's parameters and buffers by name (or hands each to `write`, with
-// the parameter it belongs to: the keeper of weights kept in parts copies its own). Throws
-// CheckpointError naming the first missing, unexpected or mis-shaped tensor.
-void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what,
-                      const std::function<void(const torch::Tensor& dst, const torch::Tensor& values)>& write = nullptr);
+// Copies `tensors` into the module's parameters and buffers by name. Throws CheckpointError naming
+// the first missing, unexpected or mis-shaped tensor.
+void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what);
 // The module's parameters and buffers as (name, tensor) pairs.
 NamedTensors module_tensors(const torch::nn::Module& m);
 

@@ -1,6 +1,9 @@
 // The component registry (see state.h).
 #include "trainer/checkpoint/state.h"
 
+#include <map>
+#include <vector>
+
 #include "common/errors.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/optim/flat_state.h"
@@ -17,17 +20,29 @@ ComponentState ModuleState::state() const {
 }
 
 void ModuleState::load_state(const ComponentState* st) {
-  bool sliced = !st->shards.empty();
-  for (const auto& [name, t] : st->tensors) sliced = sliced || name.find('[') != std::string::npos;
   // Kept in parts (part_: ZeRO-3), only this rank's pieces are copied in: it never holds them all.
   const std::vector<FlatRange>* only = part_ ? &*part_ : nullptr;
-  if (!sliced) {  // whole, in the parameters' shapes
-    if (!only) return load_into_module(m_, st->tensors, what_ + ".safetensors");
-    return load_into_module(m_, st->tensors, what_ + ".safetensors",
-                            [&](const torch::Tensor& p, const torch::Tensor& v) { flat_->write(p, v, only); });
+  if (flat_) {  // whole or in slices, a tensor (or a part) at a time
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, t] : module_tensors(m_)) shapes[name] = t.sizes().vec();
+    auto checked = [this, &shapes](NamedTensors ts) {  // a whole tensor in its parameter's shape
+      for (const auto& [name, t] : ts) {
+        auto it = shapes.find(name);
+        if (it != shapes.end() && t.sizes().vec() != it->second)
+          throw CheckpointError(what_ + ".safetensors: tensor '" + name + "' has shape " + c10::str(t.sizes()) +
+                                ", the model expects " + c10::str(at::IntArrayRef(it->second)));
+      }
+      return ts;
+    };
+    ComponentState in{st->values, checked(st->tensors)};
+    for (const auto& read : st->shards) in.shards.push_back([&read, &checked] { return checked(read()); });
+    return load_flat_values(*flat_, flat_->params(), in, what_, only);
   }
-  if (!flat_) throw CheckpointError(what_ + ": the weights are saved in parts; this reader takes them whole only");
-  load_flat_values(*flat_, flat_->params(), *st, what_, only);
+  const NamedTensors all = st->all_tensors();
+  for (const auto& [name, t] : all)
+    if (name.find('[') != std::string::npos)
+      throw CheckpointError(what_ + ": the weights are saved in parts; this reader takes them whole only");
+  load_into_module(m_, all, what_ + ".safetensors");  // whole, in the parameters' shapes
 }
 
 void StateRegistry::add(const std::string& key, Scope scope, Stateful& c, bool optional) {

@@ -56,7 +56,7 @@ TEST(Checkpoint, LayoutManifestAndRoundTrip) {
   EXPECT_EQ(st.replicated["progress"].values["step"], 7);
   EXPECT_EQ(st.per_rank["loader"].values["cursor"], 70);
   EXPECT_EQ(st.saved_rank, 0);
-  const auto& model = st.replicated["model"].tensors;
+  const auto model = st.replicated["model"].all_tensors();
   ASSERT_EQ(model.size(), 2u);
   EXPECT_TRUE(torch::equal(model[1].second, torch::full({64, 64}, 1.5f)));  // sorted: b, w
   const auto state = nlohmann::json::parse(test::read_text(dir + "/state.json"));
@@ -138,8 +138,8 @@ TEST(Checkpoint, AsyncWritesTheSnapshotNotLaterChanges) {
     EXPECT_TRUE(reports[0].async);
     EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
     auto back = ck.load(run / ("checkpoints/step_0000000" + std::to_string(step)));
-    EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 2.0f * step)));
-    EXPECT_TRUE(torch::equal(back.replicated["optimizer"].tensors[0].second, torch::full({64, 64}, 1.0f * step)));
+    EXPECT_TRUE(torch::equal(back.replicated["model"].all_tensors()[1].second, torch::full({64, 64}, 2.0f * step)));
+    EXPECT_TRUE(torch::equal(back.replicated["optimizer"].all_tensors()[0].second, torch::full({64, 64}, 1.0f * step)));
   }
 }
 
@@ -174,11 +174,11 @@ TEST(Checkpoint, AsyncSnapshotIsFencedByTheOptimizerAndTheEma) {
     ASSERT_EQ(reports.size(), 1u);
     ASSERT_TRUE(reports[0].error.empty()) << reports[0].error;
     auto back = ck.load(run / ("checkpoints/step_0000000" + std::to_string(step)));
-    for (const auto& [name, t] : back.replicated["model"].tensors) {
+    for (const auto& [name, t] : back.replicated["model"].all_tensors()) {
       const auto& e = *std::find_if(flat.entries().begin(), flat.entries().end(), [&](const auto& x) { return x.name == name; });
       EXPECT_TRUE(torch::equal(t.reshape({-1}), before.narrow(0, e.offset, e.numel))) << name << " at step " << step;
     }
-    for (const auto& [name, t] : back.replicated["optimizer"].tensors)
+    for (const auto& [name, t] : back.replicated["optimizer"].all_tensors())
       if (name.rfind("exp_avg/", 0) == 0) {
         const auto& e = *std::find_if(flat.entries().begin(), flat.entries().end(),
                                       [&](const auto& x) { return "exp_avg/" + x.name == name; });
@@ -231,8 +231,8 @@ TEST(Checkpoint, AsyncPrepareFaultsTheStagingBufferInAheadOfTheFirstSave) {
   EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
   EXPECT_LT(rss_mb() - prepared, 16) << "the first save used the prepared buffer, not a new one";
   auto back = ck.load(run / "checkpoints/step_00000005");
-  EXPECT_TRUE(torch::equal(back.replicated["optimizer"].tensors[1].second, big));
-  EXPECT_TRUE(torch::equal(back.replicated["model"].tensors[1].second, torch::full({64, 64}, 3.0f)));
+  EXPECT_TRUE(torch::equal(back.replicated["optimizer"].all_tensors()[1].second, big));
+  EXPECT_TRUE(torch::equal(back.replicated["model"].all_tensors()[1].second, torch::full({64, 64}, 3.0f)));
   // Synchronous saves have no staging buffer: nothing to prepare.
   CheckpointConfig sync_cfg;
   Checkpointer sync(sync_cfg, run.path() + "/sync", 0, 1);

@@ -182,7 +182,7 @@ TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
   for (auto& rep : r) EXPECT_TRUE(rep.error.empty()) << rep.error;
   EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000003"), "");
   EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000004"), "");
-  EXPECT_EQ(ck.load(run / "checkpoints/step_00000004").replicated["model"].tensors[0].second[7].item<float>(), 4.0f);
+  EXPECT_EQ(ck.load(run / "checkpoints/step_00000004").replicated["model"].all_tensors()[0].second[7].item<float>(), 4.0f);
 }
 
 
@@ -302,7 +302,7 @@ TEST(Checkpoint, AsyncWriterIsRaisedWhenWaitedFor) {
   const auto r = ck.finished();
   ASSERT_EQ(r.size(), 2u);
   for (auto& rep : r) EXPECT_TRUE(rep.error.empty()) << rep.error;
-  EXPECT_TRUE(torch::equal(ck.load(run / "checkpoints/step_00000002").replicated["optimizer"].tensors[1].second, big));
+  EXPECT_TRUE(torch::equal(ck.load(run / "checkpoints/step_00000002").replicated["optimizer"].all_tensors()[1].second, big));
 }
 
 }  // namespace

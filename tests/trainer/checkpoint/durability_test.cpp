@@ -198,7 +198,7 @@ TEST(Durability, ResaveKeepsTheOldCheckpointUntilTheNewIsCommitted) {
   Checkpointer ck(cfg, run.path(), 0, 1);
   ASSERT_EQ(Checkpointer::verify(dir), "") << "the crash lost step_5";
   auto st = ck.load(dir);
-  EXPECT_TRUE(torch::equal(st.replicated["model"].tensors[0].second, torch::full({32, 32}, 1.0f)));
+  EXPECT_TRUE(torch::equal(st.replicated["model"].all_tensors()[0].second, torch::full({32, 32}, 1.0f)));
   EXPECT_FALSE(stdfs::exists(dir + ".old"));
 }
 

@@ -121,10 +121,13 @@ std::vector<double> startup_peaks_mb(const std::string& dir, int world) {
 // weights dominate (d_model 512, 8 layers: 25M weights, 102 MB) at 4 ranks, ZeRO-3 against ZeRO-2
 // (which keeps every weight, but the same gradient pieces and optimizer state): each ZeRO-3 rank's
 // start-up peak is below every ZeRO-2 rank's by more than half the weights' bytes (3/4 expected:
-// 75 MB here), fresh and resumed from the same checkpoint in parts (ZeRO-3's, 4 ranks). Checked to
-// fail with the model built whole as before (build_model, every value copied into the flat buffer):
-// the ZeRO-3 ranks peaked at 539 MB against ZeRO-2's 440; and with a resume reading every piece of
-// the weights (ModuleState::load_state without the rank's part): 418 MB against ZeRO-2's 418.
+// 75 MB here), fresh and resumed from the same checkpoint in parts (ZeRO-3's, 4 ranks); and a
+// ZeRO-3 resume from ZeRO-2's checkpoint, whose weights file is whole, peaks within half the
+// weights of the resume from parts (the file read one tensor at a time). Checked to fail with the
+// model built whole as before (build_model, every value copied into the flat buffer): the ZeRO-3
+// ranks peaked at 539 MB against ZeRO-2's 440; with a resume reading every piece of the weights
+// (ModuleState::load_state without the rank's part): 418 MB against ZeRO-2's 418; and with the
+// checkpoint reader loading whole files at once as before: 442 MB against 343 from parts.
 TEST_F(Zero3E2E, NoRankHoldsAllWeightsAtTheStartNorWhenItResumes) {
   TempDir two, three;
   const std::vector<std::string> shape = {"model.d_model=512", "model.n_layer=8", "model.n_head=8", "model.seq_len=32",
@@ -140,6 +143,7 @@ TEST_F(Zero3E2E, NoRankHoldsAllWeightsAtTheStartNorWhenItResumes) {
   leg(three / "a", 3, 1, "");
   leg(two / "b", 2, 2, test::checkpoint_dir(three / "a", 1));  // the same parts read
   leg(three / "b", 3, 2, test::checkpoint_dir(three / "a", 1));
+  leg(three / "c", 3, 2, test::checkpoint_dir(two / "a", 1));  // ZeRO-2's checkpoint: the weights whole
   const std::string log = test::read_text(three / "a/logs/rank_0.log");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(log, m, std::regex("the weights are (\\d+) MB"))) << log;
@@ -154,6 +158,14 @@ TEST_F(Zero3E2E, NoRankHoldsAllWeightsAtTheStartNorWhenItResumes) {
                 testing::PrintToString(p3).c_str(), weights_mb);
   }
   EXPECT_EQ(loss_and_norm(two / "b"), loss_and_norm(three / "b"));
+  // From a checkpoint holding the weights whole, a rank reads them one tensor at a time and copies
+  // in its pieces: about the peak of the resume from parts.
+  const auto pb = startup_peaks_mb(three / "b", 4), pc = startup_peaks_mb(three / "c", 4);
+  const double high_c = *std::max_element(pc.begin(), pc.end()), low_b = *std::min_element(pb.begin(), pb.end());
+  EXPECT_LT(high_c, low_b + weights_mb / 2) << "ZeRO-3 from a whole checkpoint " << testing::PrintToString(pc)
+                                            << " MB, from parts " << testing::PrintToString(pb) << " MB";
+  std::printf("c: start-up peaks of ZeRO-3 resumed from ZeRO-2's whole checkpoint %s MB\n", testing::PrintToString(pc).c_str());
+  EXPECT_EQ(loss_and_norm(two / "b"), loss_and_norm(three / "c"));
 }
 
 // Evaluation gathers the weights unit by unit inside the validation and task forwards, as the steps
