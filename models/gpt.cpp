@@ -41,21 +41,18 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, KVCache* cache, size_t 
 }
 
 GPTImpl::GPTImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred) : LMImpl(c, vocab_size) {
-  auto made = [deferred](torch::nn::Module& m) {
-    if (deferred) to_placeholders(m, *deferred);
-  };
   wte = register_module("wte", torch::nn::Embedding(vocab_size, c.d_model));
-  made(*wte);
+  made(*wte, deferred);
   wpe = register_module("wpe", torch::nn::Embedding(c.seq_len, c.d_model));
-  made(*wpe);
+  made(*wpe, deferred);
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.n_layer; ++i) {
     Block block(c);
-    made(*block);
+    made(*block, deferred);
     blocks->push_back(block);
   }
   lnf = register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  made(*lnf);
+  made(*lnf, deferred);
   if (!deferred) init_weights(nullptr);
 }
 

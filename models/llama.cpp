@@ -93,22 +93,19 @@ torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tenso
 }
 
 LlamaImpl::LlamaImpl(const ModelConfig& c, int64_t vocab_size, const torch::Device* deferred) : LMImpl(c, vocab_size) {
-  auto made = [deferred](torch::nn::Module& m) {
-    if (deferred) to_placeholders(m, *deferred);
-  };
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(vocab_size, c.d_model));
-  made(*tok_embeddings);
+  made(*tok_embeddings, deferred);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.n_layer; ++i) {
     LlamaBlock block(c);
-    made(*block);
+    made(*block, deferred);
     layers->push_back(block);
   }
   norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
-  made(*norm);
+  made(*norm, deferred);
   if (!c.tie_embeddings) {
     output = register_module("output", linear_no_bias(c.d_model, vocab_size));
-    made(*output);
+    made(*output, deferred);
   }
   // Meta's precompute_freqs_cis, in fp32: angle(t, i) = t * theta^(-2i/hd).
   const int64_t hd = c.d_model / c.n_head;

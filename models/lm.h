@@ -137,6 +137,10 @@ struct LMImpl : torch::nn::Module {
   bool recompute_blocks_now(const KVCache* cache) const {
     return numerics.recompute_blocks && !cache && is_training() && torch::GradMode::is_enabled();
   }
+  // A submodule just made: with a deferred build (device given), its parameters made placeholders.
+  static void made(torch::nn::Module& m, const torch::Device* deferred) {
+    if (deferred) to_placeholders(m, *deferred);
+  }
   // One parameter of init_weights(): `fill` applied to p itself, or with a writer to a CPU scratch of
   // p's shape, then written.
   static void draw(const torch::Tensor& p, const WeightWriter& write, const std::function<void(torch::Tensor&)>& fill);

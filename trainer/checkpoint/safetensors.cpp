@@ -312,6 +312,12 @@ torch::Tensor SafetensorsReader::read(const std::string& name) const {
   return e.t;
 }
 
+void check_tensor_shape(const std::string& what, const std::string& name, const torch::Tensor& t, at::IntArrayRef want) {
+  if (t.sizes() != want)
+    throw CheckpointError(what + ": tensor '" + name + "' has shape " + c10::str(t.sizes()) + ", the model expects " +
+                          c10::str(want));
+}
+
 void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what) {
   std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
   torch::NoGradGuard ng;
@@ -319,9 +325,7 @@ void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const s
   for (auto& [name, dst] : module_tensors(m)) {
     auto it = by_name.find(name);
     if (it == by_name.end()) throw CheckpointError(what + ": missing tensor '" + name + "'");
-    if (it->second.sizes() != dst.sizes())
-      throw CheckpointError(what + ": tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
-                            ", the model expects " + c10::str(dst.sizes()));
+    check_tensor_shape(what, name, it->second, dst.sizes());
     dst.copy_(it->second);
     ++used;
   }

@@ -105,6 +105,9 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// Throws CheckpointError (what: the file) unless tensor `name` read as `t` has the shape `want` its
+// parameter has.
+void check_tensor_shape(const std::string& what, const std::string& name, const torch::Tensor& t, at::IntArrayRef want);
 // Copies `tensors` into the module's parameters and buffers by name. Throws CheckpointError naming
 // the first missing, unexpected or mis-shaped tensor.
 void load_into_module(torch::nn::Module& m, const NamedTensors& tensors, const std::string& what);

@@ -26,12 +26,8 @@ void ModuleState::load_state(const ComponentState* st) {
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& [name, t] : module_tensors(m_)) shapes[name] = t.sizes().vec();
     auto checked = [this, &shapes](NamedTensors ts) {  // a whole tensor in its parameter's shape
-      for (const auto& [name, t] : ts) {
-        auto it = shapes.find(name);
-        if (it != shapes.end() && t.sizes().vec() != it->second)
-          throw CheckpointError(what_ + ".safetensors: tensor '" + name + "' has shape " + c10::str(t.sizes()) +
-                                ", the model expects " + c10::str(at::IntArrayRef(it->second)));
-      }
+      for (const auto& [name, t] : ts)
+        if (auto it = shapes.find(name); it != shapes.end()) check_tensor_shape(what_ + ".safetensors", name, t, it->second);
       return ts;
     };
     ComponentState in{st->values, checked(st->tensors)};

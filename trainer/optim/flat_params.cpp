@@ -71,7 +71,6 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
     const bool placeholder = is_placeholder(t);
     if (!placeholder) pv.copy_(t);
     written_.push_back(!placeholder);
-    pending_ += placeholder;
     index_[t.unsafeGetTensorImpl()] = i;
     t.set_data(pv);
     if (per_param) t.mutable_grad().reset();
@@ -93,7 +92,7 @@ void FlatParams::write(const torch::Tensor& param, const torch::Tensor& values, 
     const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
     if (a < b) params_.narrow(0, a, b - a).copy_(v.narrow(0, a - e.offset, b - a));
   }
-  if (!written_[it->second]) written_[it->second] = 1, --pending_;
+  written_[it->second] = 1;
 }
 
 std::vector<std::string> FlatParams::pending_names(size_t max) const {

@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -68,7 +69,7 @@ class FlatParams {
   // written, values_pending() turns false.
   void write(const torch::Tensor& param, const torch::Tensor& values, const std::vector<FlatRange>* keep = nullptr);
   // Parameters that were placeholders and are not written yet (their names, at most `max` of them).
-  bool values_pending() const { return pending_ > 0; }
+  bool values_pending() const { return std::find(written_.begin(), written_.end(), 0) != written_.end(); }
   std::vector<std::string> pending_names(size_t max = 3) const;
   torch::Tensor& params() { return params_; }  // (numel,)
   const torch::Tensor& params() const { return params_; }
@@ -104,7 +105,6 @@ class FlatParams {
   std::vector<Entry> entries_, runs_;
   std::unordered_map<const void*, size_t> index_;  // parameter (TensorImpl) -> entry
   std::vector<char> written_;                      // per entry: has its values (not a placeholder's)
-  size_t pending_ = 0;
 };
 
 // The L2 norm of the gradients (not in pieces) as a 0-dim tensor: on the CPU this project's own
