@@ -1,7 +1,9 @@
 // A deferred build (models/build.h build_model_deferred) placed by FlatParams: every parameter a
 // placeholder (no memory) until init_weights writes it, each rank copying only the ranges it keeps;
 // the values are build_model's, bit for bit, for GPT and Llama (tied and untied heads), whatever
-// ranges a rank keeps.
+// ranges a rank keeps. Checked to fail with GPT's blocks left whole (not made placeholders), with
+// the scratch drawn twice (LMImpl::draw: the values drift from build_model's), with FlatParams::write
+// ignoring the kept ranges, and with pending_names() naming nothing.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
