@@ -26,6 +26,10 @@ struct TestHooks {
   // LM_TEST_PEAK_TFLOPS=<x>: the CPU MFU peak is x TFLOP/s instead of an SGEMM measured at start
   // (trainer/runtime/device.cpp), which costs each of the suite's short trainer processes ~0.5 s.
   double peak_tflops = 0;
+  // LM_TEST_MKLDNN=0: LibTorch's oneDNN is off in the process (trainer/runtime/device.h:
+  // apply_kernel_test_hooks), so bf16 matrix products take LibTorch's own fallback gemm, as they
+  // do on a CPU without AVX-512 (the test command's `kernels` phase, docs/testing.md).
+  bool mkldnn_off = false;
 };
 
 inline TestHooks test_hooks() {
@@ -35,6 +39,7 @@ inline TestHooks test_hooks() {
   if (const char* v = std::getenv("LM_ZERO_REDUCE_SCATTER")) h.emulate_reduce_scatter = std::strcmp(v, "1") == 0;
   if (const char* v = std::getenv("LM_TEST_WEIGHTS_RESIDENT")) h.measure_weights_resident = std::strcmp(v, "1") == 0;
   if (const char* v = std::getenv("LM_TEST_PEAK_TFLOPS")) h.peak_tflops = std::atof(v);
+  if (const char* v = std::getenv("LM_TEST_MKLDNN")) h.mkldnn_off = std::strcmp(v, "0") == 0;
   return h;
 }
 

@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -37,6 +39,11 @@ namespace {
 constexpr float kA = 1.5957691216057308f;     // 2 sqrt(2/pi)
 constexpr float kB = 1.5957691216057308f * 0.044715f;
 constexpr int64_t kGrain = 1 << 15;           // elements per parallel_for task
+
+[[maybe_unused]] bool aten_capability_is_default() {
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  return cap != nullptr && std::strcmp(cap, "default") == 0;
+}
 
 // The portable version of the same formulas (CPUs without AVX2+FMA, non-x86 builds).
 inline float sigmoid_z(float x) { return 1.0f / (1.0f + std::exp(-x * (kA + kB * x * x))); }
@@ -54,10 +61,14 @@ void gelu_backward_scalar(const float* x, const float* g, float* dx, int64_t n) 
 
 float row_max_scalar(const float* x, int64_t n) { return *std::max_element(x, x + n); }
 
+// Summed in double: one float accumulator over a row of V terms adds up to V rounding errors (the
+// AVX2 path's 8 lanes, V / 8 each), which the loss's gradient p (1 + err) carries: 1.7e-6 at V = 1003,
+// 2.7x LibTorch's own kernel (CrossEntropy.MatchesLibTorchsSummedLossAndGradient under
+// ATEN_CPU_CAPABILITY=default).
 float row_sum_exp_scalar(const float* x, int64_t n, float shift) {
-  float s = 0;
+  double s = 0;
   for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - shift);
-  return s;
+  return static_cast<float>(s);
 }
 
 void row_softmax_scalar(const float* x, float* dx, int64_t n, float m, float logs, float g) {
@@ -171,8 +182,11 @@ LM_AVX2 void row_softmax_avx2(const float* x, float* dx, int64_t n, float m, flo
   std::copy(b, b + (n - j), dx + j);
 }
 
+// The AVX2 path where the CPU has AVX2+FMA and ATen runs its AVX2 kernels or better: with
+// ATEN_CPU_CAPABILITY=default (LibTorch's switch to its portable kernels, which ATen itself honours)
+// the portable loops run too, so a process can run what a CPU without AVX2 would.
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !aten_capability_is_default();
   return yes;
 }
 #endif
@@ -503,6 +517,13 @@ torch::Tensor cross_entropy_z_sum(const torch::Tensor& logits, const torch::Tens
   for (int64_t i = 0; i < t.numel(); ++i)
     TORCH_CHECK(pt[i] >= -1 && pt[i] < logits.size(1), "Target ", pt[i], " is out of bounds.");
   return CrossEntropyZSum::apply(logits.contiguous(), t, z_loss);
+}
+
+const char* cpu_kernels_isa() {
+#if defined(__x86_64__)
+  if (has_avx2()) return "avx2";
+#endif
+  return "portable";
 }
 
 bool causal_attention_qkv_applies(const torch::Tensor& qkv) {

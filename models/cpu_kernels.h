@@ -1,6 +1,7 @@
 // Fused CPU kernels for the stages LibTorch's CPU build does slowly in a GPT step: the GELU, the
 // loss and (on 1.13) the attention. Each is one pass forward and one backward, with one exp per
-// element (AVX2+FMA where the CPU has it, a portable loop otherwise), and each agrees with
+// element (AVX2+FMA where the CPU has it and ATEN_CPU_CAPABILITY is not `default`, a portable loop
+// otherwise: the two paths' formulas are the same, their results agree within a few ulp), and each agrees with
 // LibTorch's op within float rounding (a few ulp), not bit for bit. An element's (a row's) result
 // never depends on how the tensor is split between threads, so a run is reproducible at any thread
 // count. Anything but CPU float32 goes to LibTorch's own op (CUDA, bf16, fp64).
@@ -9,6 +10,9 @@
 #include <torch/torch.h>
 
 namespace lm {
+
+// Which of the two paths the kernels below take in this process: "avx2" or "portable".
+const char* cpu_kernels_isa();
 
 // GPT-2's activation, GELU with the tanh approximation, differentiable:
 //   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)

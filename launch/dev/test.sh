@@ -7,7 +7,11 @@
 #   phase                     what                                                    skip with
 #   deps                      launch/dev/deps.sh: Debian packages + s3rver (npm)
 #   build (LibTorch 1.13)     every target against Debian bookworm's LibTorch 1.13
-#   ctest (LibTorch 1.13)     the whole suite (extra arguments of this script go to ctest)
+#   ctest (LibTorch 1.13)     the whole suite on the machine's own kernels (extra arguments of this
+#                             script go to ctest; the `kernels` label is the next phase's)
+#   kernels (LibTorch 1.13)   the numeric suites again under the kernels a CPU without AVX-512 and one
+#                             without AVX2 run (ctest -L kernels: oneDNN off, ATEN_CPU_CAPABILITY avx2
+#                             and default; tests/CMakeLists.txt), whatever this CPU has
 #   hardening                 ASan+UBSan over the torch-free suites (launch/dev/sanitize.sh), every
 #                             fuzzer's regression inputs + a few seconds of fuzzing each
 #                             (launch/dev/fuzz.sh; FUZZ_SECONDS, default 5)        LM_SKIP_HARDENING=1
@@ -64,7 +68,8 @@ fi
 
 run_phase "build (LibTorch 1.13)" bash launch/dev/build.sh
 ctest_113() { (cd build && ctest --output-on-failure -j "${CTEST_JOBS:-2}" "$@"); }
-run_phase "ctest (LibTorch 1.13)" ctest_113 "$@"
+run_phase "ctest (LibTorch 1.13)" ctest_113 -LE kernels "$@"
+run_phase "kernels (LibTorch 1.13)" ctest_113 -L kernels
 
 if [ -z "${LM_SKIP_HARDENING:-}" ]; then
   hardening() { bash launch/dev/sanitize.sh && bash launch/dev/fuzz.sh "${FUZZ_SECONDS:-5}"; }

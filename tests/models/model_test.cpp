@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 
 #include "common/torch/compat.h"
@@ -81,6 +83,21 @@ TEST(Model, CausalNoFutureLeak) {
   auto la = m->forward(a), lb = m->forward(b);
   EXPECT_TRUE(torch::allclose(la.slice(1, 0, 15), lb.slice(1, 0, 15)));
   EXPECT_FALSE(torch::allclose(la.slice(1, 15, 16), lb.slice(1, 15, 16)));
+}
+
+// The fused kernels take the path ATen's capability allows: the portable loops under
+// ATEN_CPU_CAPABILITY=default (the `default:` runs of the test command's kernels phase, where every
+// test of this file then checks them), the AVX2 path where the CPU has AVX2+FMA otherwise; and the
+// kernels phase's oneDNN switch reached this process (tests/kernel_hooks.cpp).
+TEST(CpuKernels, FollowAtensCapabilityAndTheKernelSwitch) {
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  const bool portable = cap != nullptr && std::string(cap) == "default";
+  const bool cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  EXPECT_STREQ(cpu_kernels_isa(), portable || !cpu_avx2 ? "portable" : "avx2");
+  const char* mkldnn = std::getenv("LM_TEST_MKLDNN");
+  EXPECT_EQ(at::globalContext().userEnabledMkldnn(), !(mkldnn != nullptr && std::string(mkldnn) == "0"));
+  std::cerr << "fused CPU kernels: " << cpu_kernels_isa() << ", ATEN_CPU_CAPABILITY " << (cap ? cap : "(unset)")
+            << ", oneDNN " << (at::globalContext().userEnabledMkldnn() ? "on" : "off") << "\n";
 }
 
 // The fused GELU against LibTorch's gelu(x, "tanh") in double precision: forward and backward no

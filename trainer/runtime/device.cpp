@@ -20,6 +20,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "common/test_hooks.h"
 #if LM_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -57,7 +58,12 @@ void set_math_threads(int64_t n) {
   }
 }
 
+void apply_kernel_test_hooks() {
+  if (test_hooks().mkldnn_off) at::globalContext().setUserEnabledMkldnn(false);
+}
+
 void configure_math(int64_t threads, const torch::Device& device, bool deterministic) {
+  apply_kernel_test_hooks();
   set_math_threads(threads > 0 ? threads : (device.is_cpu() ? 1 : 0));
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");  // TF32 for fp32 matmuls
   if (device.is_cuda() && deterministic) log::info(deterministic_kernels());

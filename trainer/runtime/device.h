@@ -27,6 +27,10 @@ torch::Device pick_device(const std::string& device, bool bf16, int local_rank);
 // default; CUDA runs fp32 matmuls on TF32.
 // deterministic (dist.invariant): on CUDA also deterministic_kernels().
 void configure_math(int64_t threads, const torch::Device& device, bool deterministic = false);
+// The kernel switches of the test hooks (common/test_hooks.h: LM_TEST_MKLDNN=0 turns oneDNN off), so a
+// test process and every trainer it starts run the kernels a CPU without AVX-512 picks; configure_math
+// calls it, the test suites call it at start (tests/kernel_hooks.cpp). A user's run sets none.
+void apply_kernel_test_hooks();
 // What LibTorch offers to make a CUDA run's kernels give the same bits every time at the same shapes
 // (dist.invariant keeps every micro-batch's shape whatever the world size, so cuBLAS and cuDNN pick
 // the same kernels): CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless set; read when cuBLAS first starts),
