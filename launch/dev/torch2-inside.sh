@@ -3,8 +3,9 @@
 # which: trixie (LibTorch 2.6, the default; builds in build-torch2/) or sid (LibTorch 2.14, build-torch214/).
 #   torch2-inside.sh cpu [CTEST ARGS...]   configure + build every target against the LibTorch (CPU),
 #                                          then the whole ctest
-#   torch2-inside.sh cuda                  (trixie) configure + build every target against LibTorch 2.6 +
-#                                          CUDA (the pieces unpacked at /opt/cuda), LM_CUDA=ON
+#   torch2-inside.sh cuda                  (trixie) configure + build the programs and every source with
+#                                          CUDA-only code against LibTorch 2.6 + CUDA (the pieces
+#                                          unpacked at /opt/cuda), LM_CUDA=ON
 #   torch2-inside.sh build [TARGETS...]    the CPU build alone (BUILD_DIR, default the suite's)
 # Both builds treat every compiler warning as an error (LM_WERROR) and use ccache.
 set -euo pipefail
@@ -21,7 +22,9 @@ ccache_stats() { ccache --print-stats 2>/dev/null | awk -F'\t' '$1=="direct_cach
 configure_cpu() {
   local dir=$1
   [ -f "$dir/build.ninja" ] && [ -f "$dir/CTestTestfile.cmake" ] && return 0
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DLM_WERROR=ON
+  # LM_BUILD_BENCH=OFF: the benchmarks' programs are compiled by the LibTorch 1.13 build (no test runs them)
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DLM_WERROR=ON \
+        -DLM_BUILD_BENCH=OFF
 }
 case "$MODE" in
   build)
@@ -75,14 +78,18 @@ EOF
         -DCUDAToolkit_ROOT="$P/usr" -DCMAKE_CUDA_COMPILER="$P/usr/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER=g++-13 \
         -DCUDA_TOOLKIT_ROOT_DIR="$P/usr/lib/nvidia-cuda-toolkit" -DTORCH_CUDA_ARCH_LIST=9.0 \
         -DLM_LINK_ALLOW_SHLIB_UNDEFINED=ON -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
-        -DLM_REMOTE=OFF -Wno-dev 2>&1 | tee "$dir/configure.log"
+        -DLM_REMOTE=OFF -DLM_BUILD_BENCH=OFF -Wno-dev 2>&1 | tee "$dir/configure.log"
       [ "${PIPESTATUS[0]}" = 0 ] || exit 1
     fi
+    # What only this build can check: every translation unit with CUDA-only code (the libraries'
+    # device.cpp and process_group.cpp, the one test source: cuda_test_objects) compiled, and every
+    # program linked against libtorch_cuda and NCCL. The suites and the benchmarks, whose sources
+    # have no CUDA-only line, are compiled by the CPU builds (and by the GPU machine's own build).
     t0=$(date +%s)
     ccache -z >/dev/null
-    ninja -C "$dir" -k 0 -j "$JOBS"
+    ninja -C "$dir" -k 0 -j "$JOBS" programs cuda_test_objects
     grep -m1 -- '-- LM_CUDA: ' "$dir/configure.log" || true
-    echo "torch2: CUDA build of every target: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
+    echo "torch2: CUDA build of the programs and the CUDA test source: $(( $(date +%s) - t0 )) s, $(ccache_stats)"
     ;;
   *) echo "torch2-inside.sh: unknown mode '$MODE'" >&2; exit 2 ;;
 esac

@@ -94,6 +94,7 @@ Images layout_images(const TensorFiles& files, const std::map<std::string, std::
 
 }  // namespace
 
+StagingBuffer::StagingBuffer() = default;
 StagingBuffer::~StagingBuffer() { join_prefault(); }
 
 struct StagingBuffer::Prefault {

@@ -54,7 +54,7 @@ using TensorFiles = std::vector<std::pair<std::string, NamedTensors>>;  // file 
 // tensors, kept for the next save.
 class StagingBuffer {
  public:
-  StagingBuffer() = default;
+  StagingBuffer();  // defined where Prefault is complete (staging.cpp)
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
   ~StagingBuffer();
