@@ -16,9 +16,13 @@
 #                             fuzzer's regression inputs + a few seconds of fuzzing each
 #                             (launch/dev/fuzz.sh; FUZZ_SECONDS, default 5)        LM_SKIP_HARDENING=1
 #   LibTorch 2.14 CPU         Debian sid's LibTorch 2.14 (launch/dev/torch2.sh, LM_TORCH_ENV=sid):
-#                             every target built with -Werror, the whole ctest  LM_SKIP_TORCH2=1
-#   LibTorch 2.6 CUDA         Debian trixie's LibTorch 2.6 + CUDA 12.4 + NCCL: every target compiled
-#                             and linked (nothing runs: no GPU here)            LM_SKIP_TORCH2=1
+#                             every target but the benchmarks built with -Werror, the whole ctest
+#                             (the kernels runs included)                       LM_SKIP_TORCH2=1
+#   LibTorch 2.6 CUDA         Debian trixie's LibTorch 2.6 + CUDA 12.4 + NCCL: every program and every
+#                             source with CUDA-only code compiled and linked (nothing runs: no GPU
+#                             here)                                             LM_SKIP_TORCH2=1
+# The budget: 45 minutes on the slowest 2-core machine known (a first-generation AMD EPYC), from a
+# fresh machine with cold compiler caches; the command's last line says how much it took of it.
 # The environments of the last two phases (debootstrap, packages, the CUDA pieces: downloads and
 # unpacking, little CPU) are made in the background while LibTorch 1.13 builds and tests; a no-op
 # when they are already there.
