@@ -40,11 +40,6 @@ constexpr float kA = 1.5957691216057308f;     // 2 sqrt(2/pi)
 constexpr float kB = 1.5957691216057308f * 0.044715f;
 constexpr int64_t kGrain = 1 << 15;           // elements per parallel_for task
 
-[[maybe_unused]] bool aten_capability_is_default() {
-  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-  return cap != nullptr && std::strcmp(cap, "default") == 0;
-}
-
 // The portable version of the same formulas (CPUs without AVX2+FMA, non-x86 builds).
 inline float sigmoid_z(float x) { return 1.0f / (1.0f + std::exp(-x * (kA + kB * x * x))); }
 
@@ -186,7 +181,11 @@ LM_AVX2 void row_softmax_avx2(const float* x, float* dx, int64_t n, float m, flo
 // ATEN_CPU_CAPABILITY=default (LibTorch's switch to its portable kernels, which ATen itself honours)
 // the portable loops run too, so a process can run what a CPU without AVX2 would.
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !aten_capability_is_default();
+  static const bool yes = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    const bool portable = cap != nullptr && std::strcmp(cap, "default") == 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !portable;
+  }();
   return yes;
 }
 #endif

@@ -100,7 +100,7 @@ echo "== test command: time and result per phase (whole command $total s)"
 printf '%s\n' "${results[@]}"
 # The budget (docs/benchmarks.md has the per-phase times measured against it): 45 min on the slowest
 # 2-core machine the project knows (a first-generation AMD EPYC), from a fresh machine and cold caches.
-echo "test: $total s of the 2700 s (45 min) budget ($(( total * 100 / 2700 ))%): $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), ccache $(command -v ccache >/dev/null && ccache --print-stats 2>/dev/null | awk -F'\t' '$1=="cache_miss"{m=$2} $1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} END{printf "%d hits, %d misses", h, m}' || echo absent) (the LibTorch 1.13 and hardening builds)"
+echo "test: $total s of the 2700 s (45 min) budget ($(( total * 100 / 2700 ))%): $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test: FAILED phases: $(IFS=,; echo "${failed[*]}")"
   exit 1

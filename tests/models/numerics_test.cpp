@@ -144,7 +144,7 @@ torch::Tensor ulp_bf16(const torch::Tensor& x) {  // float64: a bf16 ulp at |x| 
   return torch::where(x.eq(0), torch::zeros_like(x), torch::exp2(torch::floor(torch::log2(x.abs())) - 7));
 }
 
-// The products a_ik b_kj (M, K, N) and their running sums over k, in float64 (exact for bf16 inputs).
+// The products a_ik b_kj (M, K, N) in float64 (exact for bf16 inputs).
 torch::Tensor bf16_terms(const torch::Tensor& a, const torch::Tensor& b) {
   return a.to(torch::kDouble).unsqueeze(2) * b.to(torch::kDouble).unsqueeze(0);
 }
@@ -182,6 +182,19 @@ torch::Tensor bf16_acc_var(Bf16Acc acc, const torch::Tensor& a, const torch::Ten
   return 2.0 * static_cast<double>(a.size(1)) * (std::ldexp(1.0, -7) * terms.abs().sum(1)).pow(2) / 12;
 }
 
+// The softmax P of the float64 logits h w^T and P - Y, both 0 on the ignored rows (target -1).
+struct HeadGrad {
+  torch::Tensor p, g;  // (N, V) float64
+};
+HeadGrad head_p_minus_y(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& t) {
+  const auto valid = t.ne(-1).to(torch::kDouble).unsqueeze(1);
+  HeadGrad r;
+  r.p = torch::softmax(torch::mm(h.to(torch::kDouble), w.to(torch::kDouble).t()), 1) * valid;
+  r.g = r.p.clone();
+  r.g.scatter_add_(1, t.clamp_min(0).unsqueeze(1), -valid);
+  return r;
+}
+
 // The kernels of the three products of the head (models/head_loss.cpp, and today's path through
 // F::linear and its backward, the same three forms): logits h w^T, dh = G W and dw = G^T h, G = P - Y
 // in bf16 (here from float64, rounded: only its form and size matter to the kernel and the bound).
@@ -190,11 +203,8 @@ struct Bf16HeadKernels {
   Bf16Acc logits = Bf16Acc::kOnce, dh = Bf16Acc::kOnce, dw = Bf16Acc::kOnce;
 };
 Bf16HeadKernels bf16_head_kernels(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& t) {
-  const auto valid = t.ne(-1).to(torch::kDouble).unsqueeze(1);
-  auto g = torch::softmax(torch::mm(h.to(torch::kDouble), w.to(torch::kDouble).t()), 1) * valid;
-  g.scatter_add_(1, t.clamp_min(0).unsqueeze(1), -valid);
   Bf16HeadKernels k;
-  k.g = g.to(torch::kBFloat16);
+  k.g = head_p_minus_y(h, w, t).g.to(torch::kBFloat16);
   k.logits = bf16_accumulation(at::mm(h, w.t()), h, w.t());
   k.dh = bf16_accumulation(at::mm(k.g, w), k.g, w);
   k.dw = bf16_accumulation(at::mm(k.g.t(), h), k.g.t(), h);
@@ -232,10 +242,7 @@ Bf16GradSigma bf16_grad_sigma(const torch::Tensor& h, const torch::Tensor& w, co
                               const Bf16HeadKernels& kern) {
   const auto H = h.to(torch::kDouble), W = w.to(torch::kDouble);
   const auto valid = t.ne(-1).to(torch::kDouble).unsqueeze(1);  // ignored rows: no gradient
-  const auto z = torch::mm(H, W.t());
-  const auto p = torch::softmax(z, 1) * valid;
-  auto g = p.clone();
-  g.scatter_add_(1, t.clamp_min(0).unsqueeze(1), -valid);
+  const auto [p, g] = head_p_minus_y(h, w, t);
   const auto u = bf16_acc_var(kern.logits, h, w.t()) * valid, ug = ulp_bf16(g).pow(2) / 12;
   const auto a = u * p.pow(2);
   const auto wbar = torch::mm(p, W);
