@@ -1,4 +1,4 @@
-// dist_bench: all-reduce bandwidth of the trainer's process group (trainer/parallel/process_group.h) for bucket
+// dist_bench: all-reduce bandwidth of the trainer's process group (trainer/comm/process_group.h) for bucket
 // sizes from 1 to 100 MB. Start it like the trainer, one process per rank (build/bin/launch,
 // torchrun, srun). Rank 0 prints one JSON line: per size, the best time over --reps and the
 // algorithm and bus bandwidths (bus = algorithm x 2(W-1)/W, as nccl-tests reports it).
@@ -9,7 +9,7 @@
 #include <chrono>
 #include <iostream>
 
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 #include "common/errors.h"
 
 int main(int argc, char** argv) {

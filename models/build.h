@@ -12,7 +12,7 @@ namespace lm {
 LM build_model(const ModelConfig& c, int64_t vocab);
 
 // The same module with every parameter a placeholder on `device` (lm.h: its shape, no memory), for
-// a keeper of the weights that places them itself (trainer/step/model_parts.h): the architecture's
+// a keeper of the weights that places them itself (trainer/parallel/model_parts.h): the architecture's
 // submodules are made one after another and each one's parameters released at once, so at most one
 // block's weights (or the embedding) exist at a time. The caller then calls init_weights(write),
 // which draws each parameter whole, one at a time: with nothing drawn from the default generator in

@@ -23,12 +23,12 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/export/hf_dir.h"
 #include "trainer/checkpoint/state.h"
-#include "trainer/parallel/launch_env.h"
+#include "trainer/comm/launch_env.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/parallel/step_stats.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/step/memory_check.h"
-#include "trainer/step/model_parts.h"
+#include "trainer/parallel/model_parts.h"
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
 #include "trainer/checkpoint/resume.h"
@@ -138,10 +138,7 @@ class Trainer {
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
     m_.model->train();
-    if (tasks_) {  // the untrained (or resumed) model's scores, before its first step
-      if (!m_.parallel->weights_part()) m_.parallel->before_snapshot();  // else gathered unit by unit (lockstep)
-      score_tasks();
-    }
+    if (tasks_) score_tasks();  // the untrained (or resumed) model's scores, before its first step
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
@@ -207,10 +204,6 @@ class Trainer {
     configure_math(cfg_.train.threads, device_, cfg_.dist.invariant);
     m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
-    if (m_.parallel->weights_part()) {  // their forwards gather the weights: every rank runs as many
-      if (eval_) eval_->set_lockstep(true);
-      if (tasks_) tasks_->set_lockstep(true);
-    }
   }
 
   // Every stateful component under its fixed key (trainer/checkpoint/state.h); the optimizer and
@@ -218,13 +211,9 @@ class Trainer {
   void register_state() {
     using S = StateRegistry::Scope;
     namespace k = state_key;
-    const auto part = m_.parallel->weights_part();  // ZeRO-3: each rank saves its pieces, one part per rank
-    model_state_ = std::make_unique<ModuleState>(*m_.model, resume_.dir + "/model", m_.flat.get(), part);
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
     m_.set_fence(ckpt_.get());
-    state_.add(k::kModel, part ? S::kSharded : S::kReplicated, *model_state_);
-    state_.add(k::kOptimizer, m_.parallel->shards_optimizer() ? S::kSharded : S::kReplicated, *m_.opt);
-    if (m_.ema) state_.add(k::kEma, m_.ema->part() ? S::kSharded : S::kReplicated, *m_.ema, /*optional=*/true);
+    m_.register_state(state_, resume_.dir);  // model, optimizer, EMA, the parallelism's (model_parts.h)
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
     state_.add(k::kMetrics, S::kReplicated, telemetry_.train_log());
@@ -233,7 +222,6 @@ class Trainer {
     state_.add(k::kLoader, S::kPerRank, loader_position_);
     state_.add(k::kSourceTokens, S::kReplicated, *source_tokens_, /*optional=*/true);
     state_.add(k::kRng, S::kOwnRank, rng_);
-    if (Stateful* p = m_.parallel->checkpointed()) state_.add(k::kParallel, S::kReplicated, *p, /*optional=*/true);
   }
 
   ResumeFacts restore() {
@@ -327,26 +315,14 @@ class Trainer {
 
   bool eval_due(int64_t step) const { return (eval_ || tasks_) && cfg_.eval.due(step, cfg_.train.max_steps); }
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
-  // the downstream tasks' scores (the trained weights). Weights kept in parts (ZeRO-3) are gathered
-  // unit by unit inside the validation and task forwards (the ranks in lockstep; the EMA's pieces
-  // swapped in).
+  // the downstream tasks' scores (the trained weights). Whatever the parallelism, the forwards read
+  // the weights as the step's do (ZeRO-3 gathers them unit by unit inside them).
   void evaluate() {
-    if (!tasks_ && !eval_) return;
-    const auto part = m_.parallel->weights_part();
-    const bool by_units = part.has_value();
-    if (!by_units) m_.parallel->before_snapshot();  // each rank evaluates its own batches with whole weights
     if (tasks_) score_tasks();
     if (!eval_) return;
     const double loss = eval_->mean_loss(m_.model, comm_.get());
     double ema_loss = std::nan("");
-    if (m_.ema) {
-      const auto swapped = by_units ? part : std::nullopt;
-      ema_loss = m_.ema->with_weights([&] {
-        m_.parallel->weights_replaced();
-        return eval_->mean_loss(m_.model, comm_.get());
-      }, swapped);
-      m_.parallel->weights_replaced();
-    }
+    if (m_.ema) ema_loss = m_.with_ema_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); });
     telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
   }
 
@@ -354,7 +330,6 @@ class Trainer {
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
-    if (!m_.parallel->weights_part()) m_.parallel->before_snapshot();  // else each rank saves its pieces
     ckpt_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
     log_saves();
   }
@@ -394,7 +369,6 @@ class Trainer {
   RngStreams rng_;
   Progress progress_;
   LrSchedule schedule_;
-  std::unique_ptr<ModuleState> model_state_;
   LoaderPosition loader_position_;
   StateRegistry state_;
   // Distributed, checkpoints, telemetry.

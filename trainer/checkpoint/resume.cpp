@@ -5,7 +5,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "models/registry.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {

@@ -8,7 +8,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/remote/store.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 
@@ -48,14 +48,14 @@ double Evaluator::mean_loss(LM& model, Comm* comm) {
   const int64_t B = rt_.batch_rows, T = rt_.seq_len;
   std::vector<int64_t> buf;
   double total = 0;
-  const int64_t rounds = rt_.lockstep ? (batches_ + rt_.world - 1) / rt_.world * rt_.world : batches_;
+  const int64_t rounds = (batches_ + rt_.world - 1) / rt_.world * rt_.world;  // every rank as many (evaluate.h)
   for (int64_t i = 0; i < rounds; ++i) {
     if (i < batches_) reader_->next(B, buf);  // (B, T+1) windows: inputs w[:, :T], targets w[:, 1:]
     if (i % rt_.world != rt_.rank) continue;
     auto w = torch::from_blob(buf.data(), {B, T + 1}, torch::kLong).to(rt_.device, /*non_blocking=*/false, /*copy=*/true);
     if (rt_.bf16) compat::set_autocast(rt_.device, true);
     const double loss = model->loss(w.slice(1, 0, T), w.slice(1, 1, T + 1)).item<double>();
-    if (i < batches_) total += loss;  // else a forward for the others' gathers only (lockstep)
+    if (i < batches_) total += loss;  // else a forward in step with the others only
     if (rt_.bf16) {
       compat::set_autocast(rt_.device, false);
       compat::clear_autocast_cache();

@@ -23,11 +23,11 @@ struct EvalRuntime {
   int64_t batch_rows = 8;  // rows per forward (train.micro_batch_size)
   torch::Device device = torch::kCPU;
   bool bf16 = false;       // train.dtype=bf16: forwards under autocast
+  // With world > 1 every rank runs the same number of forwards, whatever the parallelism (one that
+  // keeps the weights in parts, ZeRO-3, gathers them inside the forwards): a rank short of batches
+  // runs one more forward and drops its loss. The ranks wait for the slowest at the all-reduce all
+  // the same.
   int rank = 0, world = 1;
-  // Every rank runs the same number of forwards (the parallelism gathers weights inside them, as
-  // ZeRO-3 does): a rank short of batches in the last round runs one more forward on the round's
-  // batch and drops its loss.
-  bool lockstep = false;
 };
 
 class Evaluator {
@@ -42,7 +42,6 @@ class Evaluator {
   // Mean validation loss of `model` (eval mode during the pass, train mode after); with `comm` the
   // batches are split over the ranks and summed with one all-reduce.
   double mean_loss(LM& model, Comm* comm);
-  void set_lockstep(bool on) { rt_.lockstep = on; }
   const std::string& dir() const { return manifest_.dir; }
   const std::string& split() const { return split_; }  // "val", or "train" when there is none
 

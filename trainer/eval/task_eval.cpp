@@ -13,7 +13,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 
@@ -107,7 +107,7 @@ std::vector<double> score_choice_rows(LM& model, const std::vector<ChoiceRow>& r
                           .index_add_(0, row_of, lp).cpu();
     for (int64_t r = 0; r < B; ++r) out[a + static_cast<size_t>(r)] = sums[r].item<double>();
   }
-  for (; done < forwards; ++done) {  // lockstep: a forward for the others' gathers only
+  for (; done < forwards; ++done) {  // a forward in step with the others only
     auto x = torch::full({1, 1}, pad_id, torch::kLong).to(device);
     if (bf16) compat::set_autocast(device, true);
     model->hidden(x, nullptr);
@@ -184,7 +184,7 @@ std::vector<TaskScore> TaskEvaluator::score(LM& model, Comm* comm) {
   std::vector<double> counts;  // per task: correct, correct_norm
   for (const auto& t : tasks_) {
     const auto ll = score_choice_rows(model, t.rows, rt_.batch_rows, pad_id_, rt_.device, rt_.bf16,
-                                      rt_.lockstep ? t.forwards : 0);
+                                      rt_.world > 1 ? t.forwards : 0);
     double acc = 0, acc_norm = 0;
     for (const auto& ex : t.mine) {
       size_t best = 0, best_norm = 0;

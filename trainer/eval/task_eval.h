@@ -8,8 +8,8 @@
 // same with each sum divided by the choice's length in bytes (lm-eval's acc_norm). Ties go to the
 // first choice. Examples are split over the ranks (example i on rank i % world), the counts summed
 // with one all-reduce; the choices are batched (train.micro_batch_size rows, padded to the longest),
-// in eval mode, under autocast with train.dtype=bf16. With weights kept in parts (ZeRO-3) the ranks
-// run the same number of forwards (set_lockstep), which gather the weights unit by unit.
+// in eval mode, under autocast with train.dtype=bf16. The ranks run the same number of forwards
+// (EvalRuntime, evaluate.h: a parallelism that keeps the weights in parts gathers them inside).
 #pragma once
 
 #include <torch/torch.h>
@@ -74,9 +74,6 @@ class TaskEvaluator {
   // Every task's score, the same on every rank (eval mode during the pass, train mode after). With
   // `comm`, each rank scores its examples and the counts are summed.
   std::vector<TaskScore> score(LM& model, Comm* comm);
-  // Every rank runs, per task, the forwards of the rank with the most batches (EvalRuntime::lockstep:
-  // the parallelism gathers the weights unit by unit inside them, ZeRO-3).
-  void set_lockstep(bool on) { rt_.lockstep = on; }
 
  private:
   struct Example {
@@ -89,7 +86,7 @@ class TaskEvaluator {
     int64_t examples = 0, truncated = 0;
     std::vector<Example> mine;        // this rank's examples
     std::vector<ChoiceRow> rows;      // their choices, in order
-    int64_t forwards = 0;             // the most batches any rank scores (lockstep)
+    int64_t forwards = 0;             // the most batches any rank scores: every rank runs as many
   };
   explicit TaskEvaluator(TaskRuntime rt, int64_t pad_id) : rt_(std::move(rt)), pad_id_(pad_id) {}
   TaskRuntime rt_;

@@ -27,14 +27,14 @@ class Ema : public Stateful {
   void set_fence(WriteFence* f) { fence_ = f; }
   // The average, (numel,) laid out as flat.params() (updated in place, never replaced).
   const torch::Tensor& values() const { return ema_; }
-  // Runs fn() with the EMA weights in place of the model's, then puts the model's back. only: the
-  // ranges swapped (the pieces a rank keeps of weights it keeps in parts, ZeRO-3: the others are
-  // gathered from their owners inside fn); unset: all of them.
+  // Runs fn() with the EMA weights in place of the model's, then puts the model's back: the ranges
+  // of its part (the pieces a rank keeps of weights it keeps in parts, ZeRO-3: the others are
+  // gathered from their owners inside fn), or all of them.
   template <typename F>
-  auto with_weights(F&& fn, const std::optional<std::vector<FlatRange>>& only = std::nullopt) {
+  auto with_weights(F&& fn) {
     if (fence_) fence_->before_write();
     torch::NoGradGuard ng;
-    const std::vector<FlatRange> ranges = only ? *only : std::vector<FlatRange>{{0, flat_.numel()}};
+    const std::vector<FlatRange> ranges = this->ranges();
     std::vector<torch::Tensor> saved;
     for (const auto& r : ranges) {
       saved.push_back(flat_.params().narrow(0, r.offset, r.numel).clone());

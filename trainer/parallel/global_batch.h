@@ -15,7 +15,7 @@
 
 #include "common/torch/stateful.h"
 #include "trainer/parallel/parallel.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 

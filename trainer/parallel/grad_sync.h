@@ -12,7 +12,7 @@
 
 #include "common/torch/compat.h"
 #include "trainer/optim/flat_params.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 

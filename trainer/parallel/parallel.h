@@ -27,7 +27,7 @@
 #include "trainer/optim/flat_params.h"
 #include "common/torch/stateful.h"
 #include "trainer/parallel/dist_config.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 
@@ -60,19 +60,12 @@ class Parallelism {
   virtual torch::Tensor grad_norm(int64_t /*step*/) { return {}; }
   // After the optimizer updated this rank's ranges, before the EMA reads the weights.
   virtual void after_update() {}
-  // A buffer laid out as the flat parameters and updated from them value by value (the EMA): a
-  // strategy that keeps only its pieces of the weights between steps makes it whole with them in
-  // before_snapshot().
-  virtual void track_like_params(torch::Tensor /*buffer*/) {}
-  // Before the weights (and the tracked buffers) are read whole: a checkpoint's snapshot, the final
-  // weights, an evaluation (not called with weights_part(): those readers go by parts and units).
-  // Every rank calls it (it may communicate); they stay whole until the next step's first
-  // before_backward.
-  virtual void before_snapshot() {}
   // The ranges of the weights (and of the buffers laid out as them: the EMA) this rank saves, its own
   // part of a sharded checkpoint component (ZeRO-3: its pieces, the only values it keeps between
   // steps), ascending; nullopt: every rank holds them whole and rank 0 saves them. With a part, a
-  // checkpoint's snapshot reads this rank's pieces as they are (no before_snapshot()).
+  // checkpoint's snapshot reads this rank's pieces as they are, and a forward outside the step
+  // (validation, tasks) gathers the weights unit by unit inside it, every rank running as many.
+  // Asked by ModelParts (model_parts.h) only: the loop never asks which strategy runs.
   virtual std::optional<std::vector<FlatRange>> weights_part() const { return std::nullopt; }
   // With weights_part(): the values of range `r` of the flat weights, whole, in a tensor of their
   // own (every rank calls it with the same ranges in the same order: it communicates), for writing
@@ -81,8 +74,6 @@ class Parallelism {
   // With weights_part(): this rank's pieces of the weights were written by someone else (the EMA
   // swapped in or out for an evaluation), so nothing gathered from the old values may be read again.
   virtual void weights_replaced() {}
-  // Asked before the strategy writes over weights a snapshot may still be copying (nullptr: none).
-  virtual void set_fence(WriteFence* /*f*/) {}
   // This rank's total of its micro-batches' loss values (0-dim tensors, in micro-batch order), as a
   // 0-dim tensor; default: added in order from zero, in their dtype.
   virtual torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const;

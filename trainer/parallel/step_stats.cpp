@@ -8,7 +8,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 namespace lm {
 namespace {

@@ -217,10 +217,6 @@ void Zero3::grad_accumulated(size_t u) {
 
 void Zero3::before_backward(const MicroStep& m) {
   Zero2::before_backward(m);
-  if (whole_) {  // after a snapshot: wait until an async save has copied the weights
-    if (fence_) fence_->before_write();
-    whole_ = false;
-  }
   // Whatever is still gathered, and the pages other readers mapped since (the EMA reads the whole
   // buffer: the kernel's zero page where released), handed back.
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*force=*/true);
@@ -240,28 +236,8 @@ void Zero3::after_backward(int64_t step) {
   }
 }
 
-void Zero3::before_snapshot() {
-  if (whole_) return;
-  if (fence_) fence_->before_write();
-  const int64_t peak = peak_gathered_, peak_resident = peak_resident_;  // a snapshot is not a step's peak
-  for (size_t u = 0; u < units_.size(); ++u) issue(u);
-  const auto& L = layout();
-  std::vector<std::shared_ptr<Comm::Pending>> work;
-  for (auto& t : tracked_)
-    for (size_t b = 0; b < L.buckets.size(); ++b)
-      for (int r = 0; r < L.world; ++r)
-        if (const auto p = L.piece(b, r); p.numel > 0) work.push_back(comm_.broadcast_async(t.narrow(0, p.offset, p.numel), r));
-  for (size_t u = 0; u < units_.size(); ++u) ready(u);
-  for (auto& w : work) comm_.wait(w, "all-gather of a buffer laid out as the weights (the EMA)");
-  for (auto& unit : units_) unit.pending_grads = 0;
-  peak_gathered_ = peak, peak_resident_ = peak_resident;
-  whole_ = true;
-  log::info(strf("zero-3: the weights made whole on every rank for a read of them all (evaluation), %lld time(s) so far",
-                 (long long)++made_whole_));
-}
-
 void Zero3::weights_replaced() {
-  if (whole_) return;  // nothing is released: whoever replaced them replaced them whole
+  if (whole_) return;  // not started: nothing is released
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*force=*/true);
 }
 

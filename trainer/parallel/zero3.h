@@ -22,10 +22,8 @@
 // moments. Checkpoints save each rank's pieces of the weights and of the EMA as they are, one part
 // per rank (weights_part); the final weights are written one tensor at a time, each gathered alone
 // (gather_weights); the validation and task forwards gather unit by unit as the steps do (the ranks
-// in lockstep; the EMA's pieces swapped in, weights_replaced). Nothing in the trainer makes the
-// weights whole any more; before_snapshot still does it correctly for a reader that would (every
-// piece of the weights and of the EMA, track_like_params, broadcast by its owner), and logs it
-// ("made whole", with a count), which the tests look for.
+// in lockstep; the EMA's pieces swapped in, weights_replaced). Nothing makes all the weights whole
+// on a rank at once.
 #pragma once
 
 #include <torch/torch.h>
@@ -51,9 +49,6 @@ class Zero3 : public Zero2 {
   void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   void after_update() override {}  // each rank keeps its updated pieces; gathered when used
-  void track_like_params(torch::Tensor buffer) override { tracked_.push_back(std::move(buffer)); }
-  void before_snapshot() override;
-  void set_fence(WriteFence* f) override { fence_ = f; }
   // Its pieces (the optimizer's ranges): checkpoints save them as they are, one part per rank.
   std::optional<std::vector<FlatRange>> weights_part() const override { return owned_; }
   // Range `r` gathered into a tensor of its own: each owner broadcasts its values of it.
@@ -95,10 +90,7 @@ class Zero3 : public Zero2 {
   std::vector<size_t> unit_of_entry_;
   char* base_ = nullptr;  // the flat buffer's mapping
   size_t page_ = 4096;
-  std::vector<torch::Tensor> tracked_;
-  WriteFence* fence_ = nullptr;
-  bool whole_ = true;  // every value of the weights present (before start(), after a snapshot)
-  int64_t made_whole_ = 0;  // before_snapshot()s that gathered every unit
+  bool whole_ = true;  // every value of the weights present (before start())
   bool measure_resident_;
   int64_t gathered_ = 0, peak_gathered_ = 0, logged_peak_ = -1;  // values of gathered units
   int64_t peak_resident_ = 0;                                     // bytes (mincore), when measured

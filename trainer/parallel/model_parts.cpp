@@ -1,5 +1,5 @@
 // The model and what updates it (see model_parts.h).
-#include "trainer/step/model_parts.h"
+#include "trainer/parallel/model_parts.h"
 
 #include <algorithm>
 #include <map>
@@ -64,7 +64,6 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.opt = make_optimizer(*m.flat, cfg.optim, m.parallel->optimizer_ranges());
   if (cfg.train.ema_decay > 0) {
     m.ema = std::make_unique<Ema>(*m.flat, cfg.train.ema_decay, m.parallel->weights_part());
-    m.parallel->track_like_params(m.ema->values());
   }
   rng.seed_rank(seed, rank);  // each rank's own dropout stream
   m.params = m.model->num_params();
@@ -79,10 +78,31 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   return m;
 }
 
+void ModelParts::register_state(StateRegistry& state, const std::string& resume_dir) {
+  using S = StateRegistry::Scope;
+  namespace k = state_key;
+  const auto part = parallel->weights_part();  // ZeRO-3: each rank saves its pieces, one part per rank
+  model_state = std::make_unique<ModuleState>(*model, resume_dir + "/model", flat.get(), part);
+  state.add(k::kModel, part ? S::kSharded : S::kReplicated, *model_state);
+  state.add(k::kOptimizer, parallel->shards_optimizer() ? S::kSharded : S::kReplicated, *opt);
+  if (ema) state.add(k::kEma, ema->part() ? S::kSharded : S::kReplicated, *ema, /*optional=*/true);
+  if (Stateful* p = parallel->checkpointed()) state.add(k::kParallel, S::kReplicated, *p, /*optional=*/true);
+}
+
+double ModelParts::with_ema_weights(const std::function<double()>& fn) {
+  // Weights kept in parts: the EMA's pieces swapped in; what a forward gathered of the others is
+  // gathered again (told before and after).
+  const double v = ema->with_weights([&] {
+    parallel->weights_replaced();
+    return fn();
+  });
+  parallel->weights_replaced();
+  return v;
+}
+
 void ModelParts::save_weights(const std::string& path, const std::string& arch, int64_t step, int rank) const {
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"arch", arch}, {"step", std::to_string(step)}};
-  if (!parallel->weights_part()) {
-    parallel->before_snapshot();  // every rank: the weights whole
+  if (!parallel->weights_part()) {  // every rank holds them whole
     if (rank == 0) save_safetensors(path, module_tensors(*model), meta);
     return;
   }

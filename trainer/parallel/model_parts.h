@@ -7,10 +7,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
 #include "models/lm.h"
+#include "trainer/checkpoint/state.h"
 #include "trainer/config/config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/parallel/parallel.h"
@@ -27,13 +29,20 @@ struct ModelParts {
   std::unique_ptr<Ema> ema;  // null when train.ema_decay is 0
   int64_t params = 0;
   double flops_per_token = 0;  // at model.seq_len (models/registry.h)
+  std::unique_ptr<ModuleState> model_state;  // the model's checkpoint component (register_state)
 
   // What the optimizer and the EMA ask before they write what a snapshot may still be copying.
   void set_fence(WriteFence* f) {
     opt->set_fence(f);
     if (ema) ema->set_fence(f);
-    parallel->set_fence(f);
   }
+  // The model, the optimizer, the EMA and what the parallelism keeps, each under its fixed key
+  // (trainer/checkpoint/state.h), whole or as this rank's part as the parallelism keeps them.
+  // resume_dir: the checkpoint the model's state is restored from (named in messages; may be "").
+  void register_state(StateRegistry& state, const std::string& resume_dir);
+  // fn() (a forward pass outside the step: validation) with the EMA's weights in place of the
+  // model's, the model's put back after. REQUIRES: ema.
+  double with_ema_weights(const std::function<double()>& fn);
   // The final weights (safetensors, format "pt", with the architecture and the step), written by
   // rank 0. Every rank calls it (it may communicate): weights kept in parts (the parallelism's
   // weights_part) are gathered one tensor at a time, never all at once.

@@ -1,5 +1,5 @@
 // The launch contract (see launch_env.h).
-#include "trainer/parallel/launch_env.h"
+#include "trainer/comm/launch_env.h"
 
 #include <cstdlib>
 #include <string>

@@ -1,5 +1,5 @@
 // The process group and its collectives (see process_group.h).
-#include "trainer/parallel/process_group.h"
+#include "trainer/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "trainer/parallel/dist_config.h"
-#include "trainer/parallel/launch_env.h"
+#include "trainer/comm/launch_env.h"
 
 namespace lm {
 
