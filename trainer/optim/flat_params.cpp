@@ -12,6 +12,12 @@
 namespace lm {
 
 bool resolve_fused(const OptimConfig& cfg, bool cuda) {
+  const OptimizerKind& kind = optimizer_kind(cfg.name);
+  if (!kind.fused_kernel) {  // the row says: no fused kernel, whatever optim.fused says on "auto"
+    if (cfg.fused == "on")
+      throw ConfigError("key 'optim.fused': optim.name=" + cfg.name + " has no fused kernel; use auto or off");
+    return false;
+  }
   const bool has_kernel = cuda ? compat::kHasFusedAdamW : compat::kHasCpuFusedAdamW;
   if (cfg.fused == "on" && !has_kernel)
     throw ConfigError("key 'optim.fused': LibTorch " + compat::torch_version() + " has no at::_fused_adamw_ for " +
@@ -20,22 +26,31 @@ bool resolve_fused(const OptimConfig& cfg, bool cuda) {
 }
 
 GradPath resolve_grad_path(const OptimConfig& cfg, bool cuda, int world, bool process_group) {
+  // What the optimizer's row (optimizer_kinds()) says it does decides, never its name: an optimizer
+  // that does not honour grad_scale is clipped in a pass of its own, one that cannot take freed
+  // gradients gets the flat buffer.
+  const OptimizerKind& kind = optimizer_kind(cfg.name);
   const bool fused = resolve_fused(cfg, cuda);
   auto needs_fused = [&](const char* key) {
     return ConfigError(std::string("key '") + key + "': on needs the fused AdamW, and optim.fused=" + cfg.fused +
                        " gives the flat update here (LibTorch " + compat::torch_version() + ", " +
                        (cuda ? "CUDA" : "CPU") + "); use auto or off");
   };
+  auto cannot = [&](const char* key, const char* what) {
+    return ConfigError(std::string("key '") + key + "': optim.name=" + cfg.name + " " + what + "; use auto or off");
+  };
   GradPath path;
   const bool grad_sync = world > 1 || process_group;  // the flat buffer's buckets are all-reduced
+  if (cfg.free_grads == "on" && !kind.free_grads) throw cannot("optim.free_grads", "does not work with freed gradients");
   if (cfg.free_grads == "on" && grad_sync)
     throw ConfigError("key 'optim.free_grads': on needs one rank without a process group (this run has " +
                       std::to_string(world) + (world > 1 ? "" : ", and dist.backend names one") +
                       "): data parallelism all-reduces the flat gradient buffer; use auto or off");
   if (cfg.free_grads == "on" && !fused) throw needs_fused("optim.free_grads");
-  path.free_grads = cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && !grad_sync);
+  path.free_grads = kind.free_grads && (cfg.free_grads == "on" || (cfg.free_grads == "auto" && cuda && fused && !grad_sync));
+  if (cfg.clip_in_step == "on" && !kind.grad_scale) throw cannot("optim.clip_in_step", "does not clip inside its step (no grad_scale)");
   if (cfg.clip_in_step == "on" && !fused) throw needs_fused("optim.clip_in_step");
-  path.clip_in_step = cfg.clip_in_step == "on" || (cfg.clip_in_step == "auto" && cuda && fused);
+  path.clip_in_step = kind.grad_scale && (cfg.clip_in_step == "on" || (cfg.clip_in_step == "auto" && cuda && fused));
   return path;
 }
 

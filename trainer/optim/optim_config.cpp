@@ -6,11 +6,18 @@
 
 namespace lm {
 
+const OptimizerKind& optimizer_kind(const std::string& name) {
+  for (const auto& k : optimizer_kinds())
+    if (name == k.name) return k;
+  return optimizer_kinds().front();  // the config loader refuses an unknown name first
+}
+
 void describe_optim(config_schema::Schema& s, OptimConfig& o) {
   std::vector<std::string> optimizers;
   for (const auto& k : optimizer_kinds()) optimizers.push_back(k.name);
   s.choice("optim.name", &o.name, "the optimizer (trainer/optim/optimizer.h): adamw = AdamW with decoupled weight "
-           "decay, as torch.optim.AdamW", optimizers);
+           "decay, as torch.optim.AdamW; muon = Muon (the hidden matrices' momentum orthogonalised by Newton-Schulz, "
+           "AdamW for embeddings, head, norms and biases; under ZeRO each rank owns whole parameters)", optimizers);
   s.number("optim.lr", &o.lr, "peak learning rate (after warmup)", 0, true);
   s.number("optim.beta1", &o.beta1, "AdamW first-moment decay", 0, false, 1, true);
   s.number("optim.beta2", &o.beta2, "AdamW second-moment decay", 0, false, 1, true);
@@ -27,6 +34,10 @@ void describe_optim(config_schema::Schema& s, OptimConfig& o) {
   s.choice("optim.clip_in_step", &o.clip_in_step, "clip inside the fused AdamW (its grad_scale) instead of a pass "
            "over the gradients; needs the fused AdamW: auto = on CUDA where it runs", {"auto", "on", "off"});
 
+  s.number("optim.muon_lr", &o.muon_lr, "muon: the hidden matrices' peak learning rate (the schedule scales it as "
+           "optim.lr; optim.lr stays the AdamW part's)", 0, true);
+  s.number("optim.muon_momentum", &o.muon_momentum, "muon: the matrices' Nesterov momentum", 0, false, 1, true);
+  s.integer("optim.muon_ns_steps", &o.muon_ns_steps, "muon: Newton-Schulz iterations per update", 1);
   s.number("optim.z_loss", &o.z_loss, "z-loss: z_loss x logsumexp(logits)^2 added per target token to the "
            "objective (PaLM used 1e-4), logged apart as z_loss (the loss stays the cross-entropy); 0 = off", 0, false);
 }

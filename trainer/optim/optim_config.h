@@ -12,17 +12,29 @@ namespace config_schema {
 class Schema;
 }
 
-// The optimizers optim.name takes, torch-free (the config checks the name, the memory check reads the
-// bytes): each one's name and the bytes of state it keeps per parameter. Its class is made by
-// make_optimizer (optimizer.cpp).
+// The optimizers optim.name takes, torch-free: the one table of what each is and can do. The
+// config checks the name, the memory check reads the bytes, resolve_grad_path (flat_params.h) and
+// the parallel layout (trainer/parallel/) ask the capabilities, so nothing assumes AdamW's. Its
+// class is made by make_optimizer (optimizer.cpp).
 struct OptimizerKind {
   const char* name;
-  double state_bytes_per_param;
+  double state_bytes_per_param;  // bytes of state per parameter (the most, where it differs)
+  bool fused_kernel;  // has a fused kernel (at::_fused_adamw_): optim.fused may pick it
+  bool grad_scale;    // honours FlatParams::grad_scale (clipping inside its step): optim.clip_in_step
+  bool free_grads;    // works with per-parameter gradients freed after each update: optim.free_grads
+  bool whole_params;  // needs every parameter whole: under ZeRO a rank owns whole tensors, not ranges
 };
 inline const std::vector<OptimizerKind>& optimizer_kinds() {
-  static const std::vector<OptimizerKind> kinds = {{"adamw", 8}};  // AdamW: two fp32 moments
+  static const std::vector<OptimizerKind> kinds = {
+      // AdamW: two fp32 moments, value by value: any cut of the flat buffer.
+      {"adamw", 8, /*fused_kernel=*/true, /*grad_scale=*/true, /*free_grads=*/true, /*whole_params=*/false},
+      // Muon (muon.h): the matrices' momentum (4 bytes) orthogonalised whole; AdamW's two moments for the rest.
+      {"muon", 8, /*fused_kernel=*/false, /*grad_scale=*/false, /*free_grads=*/false, /*whole_params=*/true},
+  };
   return kinds;
 }
+// optim.name's row. REQUIRES: a name the config accepted.
+const OptimizerKind& optimizer_kind(const std::string& name);
 
 struct OptimConfig {
   std::string name = "adamw";  // optimizer_kinds()
@@ -36,6 +48,11 @@ struct OptimConfig {
   std::string free_grads = "auto";
   std::string clip_in_step = "auto";
   double z_loss = 0;
+  // Muon (optim.name=muon): the matrices' learning rate at the schedule's peak (the schedule scales it
+  // as it scales optim.lr), their momentum, and the Newton-Schulz iterations.
+  double muon_lr = 0.02;
+  double muon_momentum = 0.95;
+  int64_t muon_ns_steps = 5;
 };
 
 // Bytes of state per parameter the optimizer optim.name keeps (the memory check, before anything is

@@ -4,8 +4,10 @@
 // the checkpoint key "optimizer" (Stateful).
 //
 // Adding one: a class implementing Optimizer (its own header and .cpp in trainer/optim/), a row in
-// optimizer_kinds() (optim_config.h: its name and state bytes per parameter), its case in
-// make_optimizer (optimizer.cpp), and its keys in OptimConfig. Nothing else names it.
+// optimizer_kinds() (optim_config.h: its name, state bytes per parameter, and what it can do: a
+// fused kernel, grad_scale, freed gradients, whole parameters), its case in make_optimizer
+// (optimizer.cpp), and its keys in OptimConfig. Nothing else names it: the gradient path and the
+// parallel layout ask the row.
 #pragma once
 
 #include <torch/torch.h>

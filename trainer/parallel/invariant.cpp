@@ -16,7 +16,7 @@ Invariant::Invariant(const ParallelInit& init)
     throw ConfigError("key 'optim.free_grads': dist.invariant adds the gradients in the flat buffer; set optim.free_grads=off");
   combine_ = pick_combine(world_);
   if (init.dist.zero == 1 && comm_ && world_ > 1) {
-    zero_ = ZeroLayout{buckets_, rank_, world_};
+    zero_ = zero_layout(buckets_, flat_, rank_, world_, init.whole_params);
     nccl_ = comm_->backend() == "nccl";
   }
 }

@@ -30,7 +30,7 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   m.model = build_model_deferred(cfg.model, vocab, device);
   m.flat = std::make_unique<FlatParams>(*m.model, path);
   m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world, seed, cfg.train.grad_accum,
-                                 cfg.train.micro_batch_size});
+                                 cfg.train.micro_batch_size, optimizer_kind(cfg.optim.name).whole_params});
   const auto keep = m.parallel->weights_part();
   const WeightWriter write = [&](const torch::Tensor& p, const torch::Tensor& v) { m.flat->write(p, v, keep ? &*keep : nullptr); };
   m.model->init_weights(write);

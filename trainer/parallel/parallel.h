@@ -99,6 +99,9 @@ struct ParallelInit {
   uint64_t seed = 0;       // run.seed
   int64_t grad_accum = 1;  // train.grad_accum: micro-batches per step on each rank
   int64_t micro_batch = 1; // train.micro_batch_size
+  // The optimizer needs whole parameters (its row in optimizer_kinds()): a strategy that shards its
+  // state gives each rank whole ones (zero1.h, zero_layout).
+  bool whole_params = false;
 };
 
 // The strategy the config picks for this group (dist.zero; world size 1 without a group: none).

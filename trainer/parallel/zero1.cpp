@@ -1,6 +1,7 @@
 // ZeRO-1: the layout, the sharded gradient norm and the all-gather of the weights (see zero1.h).
 #include "trainer/parallel/zero1.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,10 +18,16 @@ FlatRange ZeroLayout::piece(size_t b, int r) const {
   return {begin, end - begin};
 }
 
+std::vector<FlatRange> ZeroLayout::ranges(size_t b, int r) const {
+  if (!by_pieces()) return whole[b][static_cast<size_t>(r)];
+  const auto p = piece(b, r);
+  return p.numel > 0 ? std::vector<FlatRange>{p} : std::vector<FlatRange>{};
+}
+
 std::vector<FlatRange> ZeroLayout::owned() const {
   std::vector<FlatRange> out;
   for (size_t b = 0; b < buckets.size(); ++b)
-    if (auto p = piece(b, rank); p.numel > 0) out.push_back(p);
+    for (const auto& p : ranges(b, rank)) out.push_back(p);
   return out;
 }
 
@@ -30,10 +37,37 @@ int64_t ZeroLayout::owned_numel() const {
   return n;
 }
 
+ZeroLayout zero_layout(std::vector<FlatRange> buckets, const FlatParams& flat, int rank, int world, bool whole_params) {
+  ZeroLayout l{std::move(buckets), rank, world};
+  if (!whole_params) return l;
+  const auto& entries = flat.entries();
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].numel > entries[b].numel; });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  std::vector<int> owner(entries.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = static_cast<int>(r);
+    load[r] += entries[i].numel;
+  }
+  l.whole.assign(l.buckets.size(), std::vector<std::vector<FlatRange>>(static_cast<size_t>(world)));
+  size_t b = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {  // in flat order: each bucket's ranges ascending, adjacent ones merged
+    while (entries[i].offset >= l.buckets[b].offset + l.buckets[b].numel) ++b;
+    auto& mine = l.whole[b][static_cast<size_t>(owner[i])];
+    if (!mine.empty() && mine.back().offset + mine.back().numel == entries[i].offset) mine.back().numel += entries[i].numel;
+    else mine.push_back({entries[i].offset, entries[i].numel});
+  }
+  return l;
+}
+
 Zero1::Zero1(const ParallelInit& init)
-    : DataParallel(init), layout_{plan_buckets(init.flat, init.dist.bucket_mb), init.rank, init.world},
+    : DataParallel(init),
+      layout_(zero_layout(plan_buckets(init.flat, init.dist.bucket_mb), init.flat, init.rank, init.world, init.whole_params)),
       owned_(layout_.owned()), nccl_(init.comm->backend() == "nccl") {
-  reduce_scatter_ = nccl_ || test_hooks().emulate_reduce_scatter;
+  // Whole parameters are no equal pieces of a bucket: all-reduced, each rank keeping its own.
+  reduce_scatter_ = layout_.by_pieces() && (nccl_ || test_hooks().emulate_reduce_scatter);
 }
 
 torch::Tensor Zero1::grad_norm(int64_t step) {
@@ -54,14 +88,14 @@ void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch:
   for (size_t b = 0; b < layout.buckets.size(); ++b) {
     const auto& bucket = layout.buckets[b];
     const int64_t s = layout.piece_size(b), main = s * layout.world;
-    if (nccl) {
+    if (nccl && layout.by_pieces()) {
       if (s > 0) pending.push_back(comm.all_gather_in_place_async(params.narrow(0, bucket.offset, main)));
       if (main < bucket.numel)
         pending.push_back(comm.broadcast_async(params.narrow(0, bucket.offset + main, bucket.numel - main), layout.world - 1));
       continue;
     }
     for (int r = 0; r < layout.world; ++r)
-      if (const auto piece = layout.piece(b, r); piece.numel > 0)
+      for (const auto& piece : layout.ranges(b, r))
         pending.push_back(comm.broadcast_async(params.narrow(0, piece.offset, piece.numel), r));
   }
   for (auto& w : pending) comm.wait(w, "all-gather of the updated weights");
@@ -83,10 +117,10 @@ GradSync::Reduce Zero1::reduce() {
 std::string Zero1::describe(int64_t state_bytes, const std::string& what) const {
   const double owned = static_cast<double>(layout_.owned_numel());  // the whole state, at this rank's bytes per value
   const double whole = owned > 0 ? static_cast<double>(state_bytes) * static_cast<double>(flat_.numel()) / owned : 0;
-  return strf("zero-1: rank %d keeps %s of %lld of %lld weights (%zu bucket pieces): optimizer state %.1f MB of %.1f MB; "
+  return strf("zero-1: rank %d keeps %s of %lld of %lld weights (%zu %s): optimizer state %.1f MB of %.1f MB; "
               "gradients %s, weights all-gathered after each update",
               layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
-              static_cast<double>(state_bytes) / 1e6, whole / 1e6,
+              layout_.cut(), static_cast<double>(state_bytes) / 1e6, whole / 1e6,
               reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)");
 }
 

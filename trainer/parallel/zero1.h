@@ -20,20 +20,36 @@
 
 namespace lm {
 
-// Which values of the flat buffer each rank owns. Bucket b of n values, s = n / world_size (floor):
-// rank r owns [offset + r*s, offset + (r+1)*s), the last rank up to the bucket's end (also the
-// n - world_size*s values left over, fewer than world_size), so the first world_size*s values
-// reduce-scatter in place and the rest is all-reduced.
+// Which values of the flat buffer each rank owns, in one of two cuts:
+// - pieces (AdamW, any optimizer that updates value by value): bucket b of n values,
+//   s = n / world_size (floor): rank r owns [offset + r*s, offset + (r+1)*s), the last rank up to the
+//   bucket's end (also the n - world_size*s values left over, fewer than world_size), so the first
+//   world_size*s values reduce-scatter in place and the rest is all-reduced;
+// - whole parameters (an optimizer whose row in optimizer_kinds() says whole_params: Muon): each
+//   parameter owned by one rank, whole, the largest first to the rank holding the fewest values so
+//   far (ties: the lowest rank), the same on every rank; a bucket's sums are all-reduced and each
+//   rank keeps its parameters' (ranges(b, r)).
 struct ZeroLayout {
   std::vector<FlatRange> buckets;  // the gradient buckets (plan_buckets), in flat order
   int rank = 0, world = 1;
+  // Whole parameters: [bucket][rank] -> the ranges it owns there, ascending; empty: pieces.
+  std::vector<std::vector<std::vector<FlatRange>>> whole = {};
 
-  int64_t piece_size(size_t b) const { return buckets[b].numel / world; }  // s
-  FlatRange piece(size_t b, int r) const;
-  // This rank's pieces, ascending, empty ones left out: the ranges its AdamW updates.
+  bool by_pieces() const { return whole.empty(); }
+  // What this rank's ranges are, for the start-up line.
+  const char* cut() const { return by_pieces() ? "bucket pieces" : "runs of whole parameters"; }
+  int64_t piece_size(size_t b) const { return buckets[b].numel / world; }  // s (pieces)
+  FlatRange piece(size_t b, int r) const;  // REQUIRES: by_pieces()
+  // Rank r's ranges of bucket b, ascending, empty ones left out.
+  std::vector<FlatRange> ranges(size_t b, int r) const;
+  // This rank's ranges, ascending: the ranges its optimizer updates.
   std::vector<FlatRange> owned() const;
   int64_t owned_numel() const;
 };
+
+// The cut for `flat`'s parameters in `buckets` over `world` ranks: whole parameters when
+// whole_params (the optimizer's row), else pieces.
+ZeroLayout zero_layout(std::vector<FlatRange> buckets, const FlatParams& flat, int rank, int world, bool whole_params);
 
 // After each rank's optimizer updated its pieces of `params` (the flat weights): every rank's pieces
 // to every rank, in place, no scratch buffer (NCCL: an all-gather per bucket, the values left over

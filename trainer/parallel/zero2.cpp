@@ -14,7 +14,8 @@ Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
   size_t e = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     piece_at_.push_back(at);
-    at += layout_.piece(b, layout_.rank).numel;
+    mine_.emplace_back();
+    for (const auto& r : layout_.ranges(b, layout_.rank)) mine_.back().push_back({r, at}), at += r.numel;
     const auto& bucket = layout_.buckets[b];
     const size_t first = e;
     while (e < entries.size() && entries[e].offset < bucket.offset + bucket.numel) ++e;
@@ -53,9 +54,7 @@ void Zero2::combine(size_t i) {
   const torch::Tensor sums =
       sum_over_ranks(comm_, std::move(mine), combine_, layout_.rank, layout_.world,
                      strf("%s of gradient bucket %zu/%zu (dist.invariant)", combine_name(combine_), i + 1, layout_.buckets.size()));
-  const auto piece = layout_.piece(i, layout_.rank);
-  if (piece.numel > 0)
-    flat_.grad_pieces().narrow(0, piece_at_[i], piece.numel).copy_(sums.narrow(0, piece.offset - bucket.offset, piece.numel));
+  keep_mine(i, sums);
   if (stream_norm_) norm_.add(bucket.offset, sums.data_ptr<float>(), sums.numel());
 }
 
@@ -84,6 +83,12 @@ GradSync::Reduce Zero2::reduce() {
   };
 }
 
+void Zero2::keep_mine(size_t i, const torch::Tensor& sums) {
+  const auto& bucket = layout_.buckets[i];
+  for (const auto& [r, at] : mine_[i])
+    flat_.grad_pieces().narrow(0, at, r.numel).copy_(sums.narrow(0, r.offset - bucket.offset, r.numel));
+}
+
 void Zero2::complete_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
@@ -91,11 +96,9 @@ void Zero2::complete_oldest() {
     comm_.wait(w, strf("%s of gradient bucket %zu/%zu", reduce_name().c_str(), f.bucket + 1, layout_.buckets.size()));
   torch::NoGradGuard ng;
   const auto& bucket = layout_.buckets[f.bucket];
-  const auto piece = layout_.piece(f.bucket, layout_.rank);
   auto dst = flat_.grad_pieces();
   if (!reduce_scatter_) {
-    if (piece.numel > 0)
-      dst.narrow(0, piece_at_[f.bucket], piece.numel).copy_(f.sums.narrow(0, piece.offset - bucket.offset, piece.numel));
+    keep_mine(f.bucket, f.sums);
     if (stream_norm_) norm_.add(bucket.offset, f.sums.data_ptr<float>(), f.sums.numel());
   } else {
     // The reduce-scatter wrote the first s values of the piece; the last rank's piece also holds the
@@ -155,10 +158,10 @@ std::string Zero2::describe(int64_t state_bytes, const std::string& what) const 
   const double owned = static_cast<double>(layout_.owned_numel()), all = static_cast<double>(flat_.numel());
   const double whole = owned > 0 ? static_cast<double>(state_bytes) * all / owned : 0;
   const double elem = static_cast<double>(flat_.params().element_size());
-  return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu bucket pieces): "
+  return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu %s): "
               "gradients %.1f MB of %.1f MB, optimizer state %.1f MB of %.1f MB; gradients %s, norm %s, weights "
               "all-gathered after each update",
-              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
+              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(), layout_.cut(),
               owned * elem / 1e6, all * elem / 1e6, static_cast<double>(state_bytes) / 1e6, whole / 1e6,
               batch_ ? "added in the tree (dist.invariant)"
               : reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",

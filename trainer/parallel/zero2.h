@@ -79,6 +79,8 @@ class Zero2 : public Zero1 {
     std::vector<std::shared_ptr<Comm::Pending>> work;
   };
   void complete_oldest();
+  // This rank's ranges of bucket i's sums (the whole bucket's, all-reduced) into its packed gradients.
+  void keep_mine(size_t i, const torch::Tensor& sums);
   // Bucket i's gradients added into a fresh buffer (0 + g, as the flat buffer holds them), their
   // .grad freed.
   torch::Tensor bucket_sums(size_t i);
@@ -87,6 +89,7 @@ class Zero2 : public Zero1 {
   void combine(size_t i);
 
   std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
+  std::vector<std::vector<std::pair<FlatRange, int64_t>>> mine_;  // bucket -> this rank's ranges and their offsets there
   std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()
   std::deque<InFlight> in_flight_;
   // The all-reduce path on the CPU: the norm fed each bucket's sums as it completes (in increasing

@@ -73,11 +73,11 @@ Zero3::Zero3(const ParallelInit& init)
   for (auto& unit : units_)
     for (const auto& r : unit.ranges)
       for (size_t b = 0; b < L.buckets.size(); ++b)
-        for (int k = 0; k < L.world; ++k) {
-          const auto p = L.piece(b, k);
-          const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
-          if (e > a) unit.sources.push_back({{a, e - a}, k});
-        }
+        for (int k = 0; k < L.world; ++k)
+          for (const auto& p : L.ranges(b, k)) {
+            const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
+            if (e > a) unit.sources.push_back({{a, e - a}, k});
+          }
   // The flat buffer moved into our own mapping (no huge pages: released in 4 KiB pages), every
   // parameter a view of it as before; the old buffer is freed with its last view.
   page_ = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -246,14 +246,14 @@ torch::Tensor Zero3::gather_weights(FlatRange r) {
   const auto& L = layout();
   std::vector<std::shared_ptr<Comm::Pending>> work;
   for (size_t b = 0; b < L.buckets.size(); ++b)
-    for (int k = 0; k < L.world; ++k) {
-      const auto p = L.piece(b, k);
-      const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
-      if (e <= a) continue;
-      auto dst = out.narrow(0, a - r.offset, e - a);
-      if (k == L.rank) dst.copy_(flat_.params().narrow(0, a, e - a));
-      work.push_back(comm_.broadcast_async(dst, k));
-    }
+    for (int k = 0; k < L.world; ++k)
+      for (const auto& p : L.ranges(b, k)) {
+        const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
+        if (e <= a) continue;
+        auto dst = out.narrow(0, a - r.offset, e - a);
+        if (k == L.rank) dst.copy_(flat_.params().narrow(0, a, e - a));
+        work.push_back(comm_.broadcast_async(dst, k));
+      }
   for (auto& w : work) comm_.wait(w, "gather of a weight tensor (the final weights)");
   return out;
 }
