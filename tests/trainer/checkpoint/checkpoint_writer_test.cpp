@@ -65,7 +65,7 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
   EXPECT_EQ(names(dir).size(), 6u);  // model, optimizer, ema, state, rank_0, manifest
 }
 
-// Pacing (checkpoint.h): an async save's disk writes are spread over checkpoint.write_pace of the
+// Pacing (writer.h): an async save's disk writes are spread over checkpoint.write_pace of the
 // interval (in step time) instead of written as fast as the disk takes them; the save still
 // completes within the interval, and a save due while the previous one is still writing hurries it
 // (the previous one finishes at full speed and is committed first, as without pacing).
@@ -186,7 +186,7 @@ TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
 }
 
 
-// No priority inversion (common/parallel.h, checkpoint.cpp InFlight): the staging buffer's
+// No priority inversion (common/parallel.h, writer.cpp InFlight): the staging buffer's
 // prefault and the writer's copy run at idle priority, and whoever waits for them raises them
 // first. Here threads at normal priority spin on every core, as ordinary busy processes would
 // (other ranks, a neighbour's job): a thread left at idle priority then gets a core for a few ms a
