@@ -11,7 +11,7 @@ namespace lm {
 
 struct TestHooks {
   // LM_FAULT_KILL_IN_SAVE=<step>: the process SIGKILLs itself inside the save of that step
-  // (trainer/checkpoint/checkpoint.cpp), to prove an interrupted save never commits.
+  // (trainer/checkpoint/writer.cpp), to prove an interrupted save never commits.
   int64_t kill_in_save_step = 0;
   // LM_FAULT_NAN_STEP=<step>: that step's loss and gradients are NaN (trainer/step/step.cpp), to prove the
   // non-finite step is skipped and recorded.

@@ -48,8 +48,8 @@ class Stateful {
 };
 
 // Asked by a component before it writes state that an asynchronous checkpoint may still be copying
-// out of it (the parameters, the optimizer moments, the EMA): the checkpointer implements it
-// (checkpoint/checkpoint.h), so the fence lives with what it guards, never in the training loop.
+// out of it (the parameters, the optimizer moments, the EMA): the checkpoint writer implements it
+// (trainer/checkpoint/writer.h), so the fence lives with what it guards, never in the training loop.
 class WriteFence {
  public:
   virtual ~WriteFence() = default;

@@ -100,7 +100,7 @@ int FaultFileSystem::write(int fd, const void* data, size_t n, size_t* written) 
   tick("write", nullptr, fd);
   const long w = ++writes_;
   if (const std::string path = path_of(fd); path.find(".part_") != std::string::npos) {
-    // A write into a rank's part of a sharded checkpoint component (checkpoint.h: <key>.part_<r>).
+    // A write into a rank's part of a sharded checkpoint component (layout.h: <key>.part_<r>).
     if (spec_.kind == "kill_part" && ++part_writes_ == spec_.n) {
       // Once per run (every rank and restart share the marker next to the journal).
       int mfd = ::open((journal_ + ".fired").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

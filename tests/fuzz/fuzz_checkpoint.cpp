@@ -1,12 +1,13 @@
-// Fuzzes a checkpoint directory as resume reads it (trainer/checkpoint/checkpoint.h
-// Checkpointer::verify and ::load): manifest.json, state.json, rank_0.json, model.safetensors.
+// Fuzzes a checkpoint directory as resume reads it (trainer/checkpoint/reader.h
+// CheckpointReader::verify and ::load): manifest.json, state.json, rank_0.json, model.safetensors.
 // Input: those four files' bytes separated by lines "#@file"; a manifest of exactly "auto" is
 // replaced by a valid one listing the other files with their true sizes and checksums, so the
 // fuzzer also reaches the state parsing behind the checksum gate. Contract: a CheckpointError, or a
 // state whose pieces were all listed.
 #include "common/checksum.h"
 #include "tests/fuzz/fuzz_util.h"
-#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/layout.h"
+#include "trainer/checkpoint/reader.h"
 
 #include <nlohmann/json.hpp>
 
@@ -29,8 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     manifest = nlohmann::json{{"magic", kCheckpointMagic}, {"version", kCheckpointVersion}, {"files", listed}}.dump();
   fuzz::put_file("run/checkpoints/step_00000001/manifest.json", manifest);
   CheckpointConfig cfg;
-  Checkpointer ck(cfg, run, 0, 1);
-  (void)ck.verify(dir);
+  CheckpointReader ck(cfg, run, 0);
+  (void)CheckpointReader::verify(dir);
   fuzz::expect_typed([&] { (void)ck.load(dir); });
   return 0;
 }

@@ -1,4 +1,4 @@
-// The save interval policy (see interval.h).
+// The checkpoint interval policy (see interval.h).
 #include "trainer/checkpoint/interval.h"
 
 #include <algorithm>

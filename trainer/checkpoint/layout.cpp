@@ -1,15 +1,11 @@
-// The checkpoint directory's layout: commit, recovery of re-saves, retention and quarantine (see
-// layout.h, checkpoint.h).
+// The checkpoint directory's layout: commit and recovery of re-saves (see layout.h).
 #include "trainer/checkpoint/layout.h"
 
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 
-#include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/checkpoint/checkpoint.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -51,50 +47,4 @@ void recover_resaves(const std::string& ckpt_dir) {
 }
 
 }  // namespace checkpoint_layout
-
-using namespace checkpoint_layout;
-
-void Checkpointer::prune() {
-  if (cfg_.keep_last <= 0) return;
-  auto all = run_dir::list_checkpoints(ckpt_dir_);
-  for (size_t i = static_cast<size_t>(cfg_.keep_last); i < all.size(); ++i) {
-    const int64_t step = all[i].first;
-    if (cfg_.keep_every > 0 && step % cfg_.keep_every == 0) continue;
-    // Deleted only when known to verify (written or loaded by this process, or checked now);
-    // one that does not verify is moved aside, never deleted.
-    bool known;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      known = verified_.count(step) > 0;
-    }
-    const std::string why = known ? "" : verify(all[i].second);
-    if (why.empty()) {
-      // Out of sight first (durably), then removed: a crash mid-removal leaves step_N.deleting,
-      // never a step_N missing files (which the next start would take for a damaged checkpoint).
-      const std::string aside = all[i].second + kDeleteSuffix;
-      if (auto err = files::try_rename(all[i].second, aside); !err.empty()) throw Error("cannot remove an old checkpoint: " + err);
-      files::fsync_dir(ckpt_dir_);
-      files::remove_all(aside);
-    } else
-      quarantine(all[i].second, why);
-  }
-}
-
-std::string Checkpointer::quarantine(const std::string& dir, const std::string& why) {
-  files::make_dirs(quarantine_);
-  const std::string name = stdfs::path(dir).filename().string();
-  std::string to = quarantine_ + "/" + name;
-  for (int n = 1; files::exists(to); ++n) to = quarantine_ + "/" + name + "." + std::to_string(n);
-  if (auto err = files::try_rename(dir, to); !err.empty()) throw Error("cannot move a damaged checkpoint aside: " + err);
-  files::fsync_dir(quarantine_);
-  files::fsync_dir(ckpt_dir_);
-  log::warn("checkpoint " + dir + " did not verify (" + why + "): moved to " + to + " (kept, never deleted)");
-  return to;
-}
-
-void Checkpointer::quarantine_pending() {
-  for (auto& [d, w] : pending_quarantine_) quarantine(d, w);
-  pending_quarantine_.clear();
-}
-
 }  // namespace lm

@@ -1,5 +1,8 @@
-// Checkpoint reading: the manifest, verification, the resume point and loading (see checkpoint.h).
-#include "trainer/checkpoint/checkpoint.h"
+// Checkpoint reading: the manifest, verification, the resume point, loading and the quarantine
+// (see reader.h).
+#include "trainer/checkpoint/reader.h"
+
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <functional>
@@ -122,7 +125,10 @@ class CheckedReader {
 
 }  // namespace
 
-std::string Checkpointer::verify(const std::string& dir) {
+CheckpointReader::CheckpointReader(const CheckpointConfig& cfg, const std::string& run_dir, int rank)
+    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), quarantine_(run_dir::quarantine(run_dir)), rank_(rank) {}
+
+std::string CheckpointReader::verify(const std::string& dir) {
   std::string why;
   for (auto& [name, f] : read_manifest(dir, &why)) {
     if (!why.empty()) break;
@@ -131,7 +137,7 @@ std::string Checkpointer::verify(const std::string& dir) {
   return why;
 }
 
-std::string Checkpointer::load_resume(CheckpointState* out) {
+std::string CheckpointReader::load_resume(CheckpointState* out) {
   if (cfg_.resume_none()) return "";
   if (!cfg_.resume_auto()) {
     try {
@@ -172,7 +178,7 @@ std::string Checkpointer::load_resume(CheckpointState* out) {
   return "";
 }
 
-CheckpointState Checkpointer::load(const std::string& dir) {
+CheckpointState CheckpointReader::load(const std::string& dir) {
   std::string why;
   ManifestHead head;
   CheckedReader in(dir, read_manifest(dir, &why, nullptr, &head));
@@ -214,12 +220,36 @@ CheckpointState Checkpointer::load(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(dir + ": malformed state (" + std::string(e.what()) + ")");
   }
-  last_save_step_ = st.step;
-  if (std::filesystem::path(dir).lexically_normal() == std::filesystem::path(ckpt_dir_ + "/" + run_dir::step_name(st.step)).lexically_normal()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    verified_.insert(st.step);
-  }
+  if (std::filesystem::path(dir).lexically_normal() == std::filesystem::path(ckpt_dir_ + "/" + run_dir::step_name(st.step)).lexically_normal())
+    mark_verified(st.step);
   return st;
+}
+
+std::string CheckpointReader::quarantine(const std::string& dir, const std::string& why) {
+  files::make_dirs(quarantine_);
+  const std::string name = std::filesystem::path(dir).filename().string();
+  std::string to = quarantine_ + "/" + name;
+  for (int n = 1; files::exists(to); ++n) to = quarantine_ + "/" + name + "." + std::to_string(n);
+  if (auto err = files::try_rename(dir, to); !err.empty()) throw Error("cannot move a damaged checkpoint aside: " + err);
+  files::fsync_dir(quarantine_);
+  files::fsync_dir(ckpt_dir_);
+  log::warn("checkpoint " + dir + " did not verify (" + why + "): moved to " + to + " (kept, never deleted)");
+  return to;
+}
+
+void CheckpointReader::quarantine_pending() {
+  for (auto& [d, w] : pending_quarantine_) quarantine(d, w);
+  pending_quarantine_.clear();
+}
+
+void CheckpointReader::mark_verified(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  verified_.insert(step);
+}
+
+bool CheckpointReader::known_to_verify(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verified_.count(step) > 0;
 }
 
 }  // namespace lm

@@ -1,8 +1,8 @@
-// The async checkpoint's snapshot (checkpoint.h): the tensor files laid out as file images in a
+// The async checkpoint's snapshot (writer.h): the tensor files laid out as file images in a
 // host buffer kept between saves, each image 4096-byte aligned so that the writer sends it to the
 // disk with direct I/O straight from there (files.h, try_write_plan: no bounce copy, no page cache),
 // and the host state copied into the images in chunks that the writer thread and the training
-// thread both claim (whichever gets there first; see Checkpointer::wait_snapshot).
+// thread both claim (whichever gets there first; see CheckpointWriter::wait_snapshot).
 #pragma once
 
 #include <torch/torch.h>

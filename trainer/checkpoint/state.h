@@ -3,7 +3,7 @@
 // that saves and loads its OWN state; a StateRegistry binds each one to a fixed key, and the
 // checkpoint composes them by name. Nothing else knows a component's keys.
 //
-// Files of a checkpoint (format version 2; see checkpoint.h for the commit protocol):
+// Files of a checkpoint (format version 2; see layout.h for the commit protocol):
 //   <key>.safetensors  a replicated component's tensors (model, optimizer, ema)        rank 0
 //   <key>.part_<r>.safetensors  rank r's part of a sharded component's tensors (the
 //                      optimizer a parallelism shards; ZeRO-3's weights and EMA;

@@ -8,7 +8,7 @@
 
 #include "common/errors.h"
 #include "common/files.h"
-#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/reader.h"
 #include "trainer/optim/flat_state.h"
 
 namespace lm {
@@ -24,7 +24,7 @@ WeightsReader::WeightsReader(const std::string& path) : what_(path) {
     whole(path);
     return;
   }
-  if (const std::string why = Checkpointer::verify(path); !why.empty())
+  if (const std::string why = CheckpointReader::verify(path); !why.empty())
     throw CheckpointError(path + ": not a checkpoint that verifies (" + why + ")");
   if (files::exists(path + "/model.safetensors")) {
     whole(path + "/model.safetensors");

@@ -12,7 +12,7 @@
 //   model.safetensors            final weights
 //   events.out.tfevents.*        TensorBoard scalars
 //   logs/rank_<r>.log            one log per rank (and NCCL's, nvidia-smi snapshots on CUDA)
-//   checkpoints/step_<8 digits>/ full-state checkpoints (checkpoint/checkpoint.h); *.tmp = unfinished
+//   checkpoints/step_<8 digits>/ full-state checkpoints (checkpoint/layout.h); *.tmp = unfinished
 //   anomalies/step_<8 digits>/   the batch and provenance of an anomalous step
 //   profile/                     Chrome traces of log.profile_steps
 //   run.lock                     held by the running trainer (its pid inside)
@@ -73,7 +73,7 @@ inline std::string profile(const std::string& run) { return run + "/profile"; }
 
 // Held (common/dir_lock.h) by the trainer's rank 0 while it runs in the directory.
 constexpr const char* kLock = "run.lock";
-// Checkpoints that did not verify, moved aside instead of deleted (checkpoint/checkpoint.h).
+// Checkpoints that did not verify, moved aside instead of deleted (checkpoint/reader.h).
 inline std::string quarantine(const std::string& run) { return checkpoints(run) + "/quarantine"; }
 
 // Inside a checkpoint directory: written last, lists every file with its size and xxh64.

@@ -48,7 +48,7 @@ TEST(Checkpoint, LayoutManifestAndRoundTrip) {
   const std::string dir = run / "checkpoints/step_00000007";
   EXPECT_EQ(names(dir), (std::vector<std::string>{"manifest.json", "model.safetensors", "optimizer.safetensors",
                                                   "rank_0.json", "state.json"}));
-  EXPECT_EQ(Checkpointer::verify(dir), "");
+  EXPECT_EQ(CheckpointReader::verify(dir), "");
   CheckpointState st;
   EXPECT_EQ(ck.load_resume(&st), dir);
   EXPECT_EQ(st.step, 7);
@@ -83,8 +83,8 @@ TEST(Checkpoint, DamagedOrIncompleteAreSkippedWithReason) {
     f.write(&c, 1);
   }
   std::filesystem::remove(d3 + "/manifest.json");
-  EXPECT_NE(Checkpointer::verify(d4).find("checksum mismatch"), std::string::npos);
-  EXPECT_NE(Checkpointer::verify(d3).find("manifest.json"), std::string::npos);
+  EXPECT_NE(CheckpointReader::verify(d4).find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(CheckpointReader::verify(d3).find("manifest.json"), std::string::npos);
   CheckpointState st;
   EXPECT_EQ(ck.load_resume(&st), run / "checkpoints/step_00000002");
   EXPECT_EQ(st.step, 2);
@@ -378,7 +378,7 @@ TEST(Checkpoint, TwoRanksCommitOnlyWholeMarkers) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].error, "");
   const std::string dir = run / "checkpoints/step_00000004";
-  ASSERT_EQ(Checkpointer::verify(dir), "");
+  ASSERT_EQ(CheckpointReader::verify(dir), "");
   EXPECT_EQ(names(dir), (std::vector<std::string>{"manifest.json", "model.safetensors", "optimizer.safetensors",
                                                   "rank_0.json", "rank_1.json", "state.json"}));
 }

@@ -52,7 +52,7 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
     std::string bad = orig;
     bad[bad.size() / 2] ^= 0x01;
     test::write_text(path, bad);
-    EXPECT_EQ(Checkpointer::verify(dir), path + ": checksum mismatch") << name;
+    EXPECT_EQ(CheckpointReader::verify(dir), path + ": checksum mismatch") << name;
     try {
       ck.load(dir);
       ADD_FAILURE() << "load accepted a flipped byte in " << name;
@@ -60,12 +60,12 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsCaught) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
     test::write_text(path, orig);
-    EXPECT_EQ(Checkpointer::verify(dir), "") << name;
+    EXPECT_EQ(CheckpointReader::verify(dir), "") << name;
   }
   EXPECT_EQ(names(dir).size(), 6u);  // model, optimizer, ema, state, rank_0, manifest
 }
 
-// Pacing (checkpoint.h): an async save's disk writes are spread over checkpoint.write_pace of the
+// Pacing (writer.h): an async save's disk writes are spread over checkpoint.write_pace of the
 // interval (in step time) instead of written as fast as the disk takes them; the save still
 // completes within the interval, and a save due while the previous one is still writing hurries it
 // (the previous one finishes at full speed and is committed first, as without pacing).
@@ -155,7 +155,7 @@ TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
             << " ms, writing " << first.write_ms << " ms)" << std::endl;
   for (size_t i = 1; i < times.size(); ++i) std::cout << " " << secs(times[i] - times[i - 1]);
   std::cout << std::endl;
-  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000002"), "");
+  EXPECT_EQ(CheckpointReader::verify(run / "checkpoints/step_00000002"), "");
   // A save due before the previous one finished: the previous is hurried (its remaining pace
   // dropped) and committed first, the new one then saved as usual. Steps of 1 s now: the writes
   // are to be spread over 10 s, which the next save must not wait for.
@@ -180,13 +180,13 @@ TEST(Checkpoint, AsyncWritesArePacedOverTheInterval) {
   EXPECT_EQ(r[0].step, 3);
   EXPECT_EQ(r[1].step, 4);
   for (auto& rep : r) EXPECT_TRUE(rep.error.empty()) << rep.error;
-  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000003"), "");
-  EXPECT_EQ(Checkpointer::verify(run / "checkpoints/step_00000004"), "");
+  EXPECT_EQ(CheckpointReader::verify(run / "checkpoints/step_00000003"), "");
+  EXPECT_EQ(CheckpointReader::verify(run / "checkpoints/step_00000004"), "");
   EXPECT_EQ(ck.load(run / "checkpoints/step_00000004").replicated["model"].all_tensors()[0].second[7].item<float>(), 4.0f);
 }
 
 
-// No priority inversion (common/parallel.h, checkpoint.cpp InFlight): the staging buffer's
+// No priority inversion (common/parallel.h, writer.cpp InFlight): the staging buffer's
 // prefault and the writer's copy run at idle priority, and whoever waits for them raises them
 // first. Here threads at normal priority spin on every core, as ordinary busy processes would
 // (other ranks, a neighbour's job): a thread left at idle priority then gets a core for a few ms a

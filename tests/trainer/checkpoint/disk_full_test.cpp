@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "tests/testutil.h"
-#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/reader.h"
 #include "trainer/run/run_dir.h"
 #include "trainer/telemetry/tensorboard.h"
 
@@ -53,7 +53,7 @@ void expect_nothing_half_written(const std::string& run) {
     const std::string name = e.path().filename().string();
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << "an unfinished checkpoint was left: " << name;
     if (run_dir::parse_step_name(name) < 0) continue;
-    EXPECT_EQ(Checkpointer::verify(e.path().string()), "") << name;
+    EXPECT_EQ(CheckpointReader::verify(e.path().string()), "") << name;
     ++committed;
   }
   EXPECT_GE(committed, 1);

@@ -121,7 +121,7 @@ TEST(Durability, DamagedCheckpointsAreMovedAsideNeverDeleted) {
   EXPECT_FALSE(stdfs::exists(run_dir::checkpoint(run.path(), 2)));
   EXPECT_FALSE(stdfs::exists(run_dir::checkpoint(run.path(), 1)));
   EXPECT_TRUE(stdfs::exists(q + "/step_00000001/state.json")) << "a damaged checkpoint was deleted";
-  EXPECT_EQ(Checkpointer::verify(run_dir::checkpoint(run.path(), 3)), "");
+  EXPECT_EQ(CheckpointReader::verify(run_dir::checkpoint(run.path(), 3)), "");
 }
 
 // Counts directory fsyncs and fails chosen renames.
@@ -181,7 +181,7 @@ TEST(Durability, ResaveKeepsTheOldCheckpointUntilTheNewIsCommitted) {
     ASSERT_EQ(r.size(), 2u);
     EXPECT_NE(r[1].error.find("rename"), std::string::npos) << r[1].error;
   }
-  ASSERT_EQ(Checkpointer::verify(dir), "") << "the old step_5 was lost by a failed re-save";
+  ASSERT_EQ(CheckpointReader::verify(dir), "") << "the old step_5 was lost by a failed re-save";
   const pid_t pid = ::fork();
   if (pid == 0) {  // a trainer that dies between the two renames of a re-save
     DirFs fs;
@@ -196,7 +196,7 @@ TEST(Durability, ResaveKeepsTheOldCheckpointUntilTheNewIsCommitted) {
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9) << status;
   Checkpointer ck(cfg, run.path(), 0, 1);
-  ASSERT_EQ(Checkpointer::verify(dir), "") << "the crash lost step_5";
+  ASSERT_EQ(CheckpointReader::verify(dir), "") << "the crash lost step_5";
   auto st = ck.load(dir);
   EXPECT_TRUE(torch::equal(st.replicated["model"].all_tensors()[0].second, torch::full({32, 32}, 1.0f)));
   EXPECT_FALSE(stdfs::exists(dir + ".old"));

@@ -15,7 +15,7 @@
 #include "common/torch/compat.h"
 #include "common/files.h"
 #include "tests/testutil.h"
-#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/reader.h"
 #include "trainer/run/run_dir.h"
 
 namespace lm {
@@ -313,12 +313,12 @@ TEST_F(ResumeE2E, FailedSaveKeepsEarlierCheckpointsAndStopsOrContinues) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("checkpoint at step 10 failed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("write failed"), std::string::npos) << r.out;
-  EXPECT_EQ(Checkpointer::verify(good), "");
+  EXPECT_EQ(CheckpointReader::verify(good), "");
   EXPECT_FALSE(fs_exists(run / "checkpoints/step_00000010/manifest.json"));
   r = limited({"checkpoint.on_error=continue", "train.max_steps=12"});
   EXPECT_NE(r.out.find("checkpoint at step 10 failed"), std::string::npos) << r.out;
   EXPECT_EQ(test::last_train_step(run / "metrics.jsonl"), 12);  // training went on past the failure
-  EXPECT_EQ(Checkpointer::verify(good), "");
+  EXPECT_EQ(CheckpointReader::verify(good), "");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Checkpoint saves, sync and async (see checkpoint.h); the directory layout is in layout.cpp, reading
-// and verification in reader.cpp.
-#include "trainer/checkpoint/checkpoint.h"
+// Checkpoint saves, sync and async, and retention (see writer.h); the directory layout is in
+// layout.cpp, reading and verification in reader.cpp.
+#include "trainer/checkpoint/writer.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <cstring>
 #include <map>
-#include <mutex>
+#include <thread>
 
 #include <ATen/Parallel.h>
 
@@ -108,7 +108,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, int64_t step, int rank
 // cores to itself: the writes' own CPU time (the checksum, about 0.1 ms a MB, and the writes'
 // system time), spread over the pace in pieces of a millisecond or so, instead of only the idle
 // time between its threads' work (bench/async_busy.sh compares async and sync on a busy machine).
-struct Checkpointer::InFlight {
+struct CheckpointWriter::InFlight {
   std::thread thread;
   std::vector<torch::Tensor> keep;  // the copies' sources and the staging buffer
   ChunkedCopy copies;               // host state into the staging buffer
@@ -120,9 +120,9 @@ struct Checkpointer::InFlight {
   clock::StealMeter steal;          // the hypervisor's steal from save() on
 };
 
-Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world, int nodes)
-    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), quarantine_(run_dir::quarantine(run_dir)), rank_(rank),
-      world_(world), interval_(cfg, rank == 0, nodes) {
+CheckpointWriter::CheckpointWriter(const CheckpointConfig& cfg, const std::string& run_dir, int rank, int world,
+                                   CheckpointReader& reader, SaveInterval& policy)
+    : cfg_(cfg), ckpt_dir_(run_dir::checkpoints(run_dir)), rank_(rank), world_(world), reader_(reader), policy_(policy) {
   files::make_dirs(ckpt_dir_);
   if (rank_ == 0) {
     recover_resaves(ckpt_dir_);
@@ -142,9 +142,9 @@ Checkpointer::Checkpointer(const CheckpointConfig& cfg, const std::string& run_d
   }
 }
 
-Checkpointer::~Checkpointer() { wait(); }
+CheckpointWriter::~CheckpointWriter() { wait(); }
 
-void Checkpointer::wait() {
+void CheckpointWriter::wait() {
   if (!inflight_) return;
   const auto t0 = Clock::now();
   inflight_->pacer.hurry();  // someone waits: the rest at full speed, as unpaced
@@ -153,7 +153,7 @@ void Checkpointer::wait() {
   close_inflight(ms_since(t0) / 1e3);  // waiting for the writer blocks training too
 }
 
-void Checkpointer::wait_snapshot() {
+void CheckpointWriter::wait_snapshot() {
   // Called every step: nothing to do once the copy is made, while the writer writes.
   if (!inflight_ || inflight_->copies.done()) return;
   const auto t0 = Clock::now();
@@ -166,7 +166,7 @@ void Checkpointer::wait_snapshot() {
   inflight_->fence_s += ms_since(t0) / 1e3;
 }
 
-void Checkpointer::step_done(double step_s) {
+void CheckpointWriter::step_done(double step_s) {
   stall_.step(step_s, inflight_ != nullptr);
   if (inflight_ && inflight_->done.load()) {
     inflight_->thread.join();
@@ -176,7 +176,7 @@ void Checkpointer::step_done(double step_s) {
 
 // The in-flight save is over (its thread joined): its stall measured, its report recorded.
 // extra_s: time the loop waited for it outside any step.
-void Checkpointer::close_inflight(double extra_s) {
+void CheckpointWriter::close_inflight(double extra_s) {
   SaveReport r = inflight_->report;
   r.steal_ms = 1e3 * inflight_->steal.take_s();
   r.block_ms = r.call_ms + 1e3 * (stall_.take(inflight_->fence_s) + extra_s);
@@ -184,15 +184,12 @@ void Checkpointer::close_inflight(double extra_s) {
   record(std::move(r));
 }
 
-void Checkpointer::record(SaveReport r) {
+void CheckpointWriter::record(SaveReport r) {
   // A failed save leaves no half-written directory taking the space the next attempt needs.
   if (!r.error.empty() && rank_ == 0) files::remove_all(ckpt_dir_ + "/" + step_name(r.step) + ".tmp");
   if (r.error.empty() && rank_ == 0) {
-    interval_.record_cost(r.block_ms / 1e3);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      verified_.insert(r.step);
-    }
+    policy_.record_cost(r.block_ms / 1e3);
+    reader_.mark_verified(r.step);
     try {  // nothing escapes: a failed retention never fails the save
       prune();
     } catch (const std::exception& e) {
@@ -202,13 +199,13 @@ void Checkpointer::record(SaveReport r) {
   done_.push_back(std::move(r));
 }
 
-std::vector<SaveReport> Checkpointer::finished() {
+std::vector<SaveReport> CheckpointWriter::finished() {
   std::vector<SaveReport> out;
   out.swap(done_);
   return out;
 }
 
-void Checkpointer::report(const std::string& other_error, const std::function<void(const SaveReport&)>& saved) {
+void CheckpointWriter::report(const std::string& other_error, const std::function<void(const SaveReport&)>& saved) {
   auto failed = [&](const std::string& err) {
     if (cfg_.stop_on_error()) throw Error(err);
     log::warn(err + " (checkpoint.on_error: continue, training goes on)");
@@ -254,7 +251,7 @@ TensorFiles tensor_files(const CheckpointState& st, int rank) {
 
 }  // namespace
 
-void Checkpointer::prepare(const CheckpointState& st) {
+void CheckpointWriter::prepare(const CheckpointState& st) {
   if (!cfg_.async) return;
   const TensorFiles tfiles = tensor_files(st, rank_);
   if (!tfiles.empty()) staging_.prepare(tfiles, kTensorFileMeta);
@@ -263,7 +260,7 @@ void Checkpointer::prepare(const CheckpointState& st) {
 // This rank's files as write plans. Sync (f null): the tensor files' spans point into the state's
 // own memory (kept alive through *keep). Async: they are images in the staging buffer, filled by
 // f->copies (staging.h).
-std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep,
+std::vector<files::FilePlan> CheckpointWriter::plan_files(const CheckpointState& st, std::vector<torch::Tensor>* keep,
                                                       InFlight* f) {
   std::vector<files::FilePlan> plans;
   const TensorFiles tfiles = tensor_files(st, rank_);
@@ -303,19 +300,18 @@ std::vector<files::FilePlan> Checkpointer::plan_files(const CheckpointState& st,
   return plans;
 }
 
-void Checkpointer::save(const CheckpointState& st) {
-  quarantine_pending();  // (the trainer moves them once its start is accepted, before any save)
+void CheckpointWriter::save(const CheckpointState& st) {
   wait();  // at most one in flight; the wait is counted as the previous save's stall
   const auto t0 = Clock::now();
   const bool kill = test_hooks().kill_in_save_step > 0 && test_hooks().kill_in_save_step == st.step;
-  last_save_step_ = st.step;
+  policy_.saved(st.step);
   const std::string dir = ckpt_dir_ + "/" + step_name(st.step);
   if (!cfg_.async) {
     clock::StealMeter steal;
     std::vector<torch::Tensor> keep;
     const auto plans = plan_files(st, &keep, nullptr);
     const double mb = plans_mb(plans);
-    interval_.set_state_mb(mb);
+    policy_.set_state_mb(mb);
     std::string err = write_checkpoint(ckpt_dir_, st.step, rank_, world_, plans, cfg_.commit_timeout_s, kill);
     const double ms = ms_since(t0);
     record({st.step, dir, false, ms, ms, ms, mb, 1e3 * steal.take_s(), 0, 0, err});
@@ -325,7 +321,7 @@ void Checkpointer::save(const CheckpointState& st) {
   auto f = std::make_unique<InFlight>();
   auto plans = plan_files(st, &f->keep, f.get());
   const double mb = plans_mb(plans);
-  interval_.set_state_mb(mb);
+  policy_.set_state_mb(mb);
   f->report = {st.step, dir, true, 0, 0, 0, mb, 0, 0, 0, ""};
   f->report.pace_ms = 1e3 * pace_target_s();
   InFlight* fl = f.get();
@@ -350,9 +346,30 @@ void Checkpointer::save(const CheckpointState& st) {
   fl->report.call_ms = ms_since(t0);
 }
 
-double Checkpointer::pace_target_s() const {
-  const int64_t every = cfg_.every_steps > 0 ? cfg_.every_steps : interval_.interval_steps();
-  return std::max(0.0, cfg_.write_pace) * static_cast<double>(every) * mean_step_s_;
+double CheckpointWriter::pace_target_s() const {
+  return std::max(0.0, cfg_.write_pace) * static_cast<double>(policy_.steps_between_saves()) * policy_.mean_step_s();
+}
+
+void CheckpointWriter::prune() {
+  if (cfg_.keep_last <= 0) return;
+  auto all = run_dir::list_checkpoints(ckpt_dir_);
+  for (size_t i = static_cast<size_t>(cfg_.keep_last); i < all.size(); ++i) {
+    const int64_t step = all[i].first;
+    if (cfg_.keep_every > 0 && step % cfg_.keep_every == 0) continue;
+    // Deleted only when known to verify (written or loaded by this process, or checked now);
+    // one that does not verify is moved aside, never deleted.
+    const bool known = reader_.known_to_verify(step);
+    const std::string why = known ? "" : CheckpointReader::verify(all[i].second);
+    if (why.empty()) {
+      // Out of sight first (durably), then removed: a crash mid-removal leaves step_N.deleting,
+      // never a step_N missing files (which the next start would take for a damaged checkpoint).
+      const std::string aside = all[i].second + kDeleteSuffix;
+      if (auto err = files::try_rename(all[i].second, aside); !err.empty()) throw Error("cannot remove an old checkpoint: " + err);
+      files::fsync_dir(ckpt_dir_);
+      files::remove_all(aside);
+    } else
+      reader_.quarantine(all[i].second, why);
+  }
 }
 
 }  // namespace lm
