@@ -38,7 +38,7 @@
 #include "trainer/runtime/rng.h"
 #include "trainer/step/step.h"
 #include "trainer/eval/task_eval.h"
-#include "trainer/run/stop_signal.h"
+#include "trainer/runtime/stop_signal.h"
 #include "trainer/telemetry/anomaly.h"
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/run_telemetry.h"
