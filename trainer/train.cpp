@@ -32,7 +32,7 @@
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
 #include "trainer/checkpoint/resume.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 #include "trainer/runtime/device.h"
 #include "trainer/runtime/host_allocator.h"
 #include "trainer/runtime/rng.h"

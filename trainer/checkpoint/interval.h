@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "trainer/checkpoint/checkpoint_config.h"
+#include "run/config/checkpoint_config.h"
 
 namespace lm {
 

@@ -10,7 +10,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace checkpoint_layout {

@@ -1,6 +1,6 @@
 // The checkpoint directory's layout (internal to trainer/checkpoint/): how a checkpoint is
 // committed, how an interrupted re-save is recovered, and the names of the directories a save or a
-// removal leaves on the way. Listing is run_dir::list_checkpoints (trainer/run/run_dir.h), shared with
+// removal leaves on the way. Listing is run_dir::list_checkpoints (run/run_dir.h), shared with
 // the sweep tool. Retention (Checkpointer::prune) and quarantine are defined in layout.cpp.
 #pragma once
 

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "models/lm.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/optim/ema.h"

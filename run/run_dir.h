@@ -3,16 +3,16 @@
 //
 // RUN_DIR/
 //   config.yaml                  resolved config (loads back to the same config)
-//   meta.json                    how to reproduce the run and how it ended (telemetry/run_record.h)
+//   meta.json                    how to reproduce the run and how it ended (trainer/telemetry/run_record.h)
 //   tokenizer/                   the data's tokenizer as a dataset without shards (manifest.json and
 //                                the sentencepiece model; data::TrainData::save_tokenizer): export
 //                                and generate read it, so they work wherever the data went
-//   metrics.jsonl                one JSON record per line (telemetry/records.h)
+//   metrics.jsonl                one JSON record per line (run/records.h)
 //   summary.json                 the run's totals, written at the end
 //   model.safetensors            final weights
 //   events.out.tfevents.*        TensorBoard scalars
 //   logs/rank_<r>.log            one log per rank (and NCCL's, nvidia-smi snapshots on CUDA)
-//   checkpoints/step_<8 digits>/ full-state checkpoints (checkpoint/checkpoint.h); *.tmp = unfinished
+//   checkpoints/step_<8 digits>/ full-state checkpoints (trainer/checkpoint/checkpoint.h); *.tmp = unfinished
 //   anomalies/step_<8 digits>/   the batch and provenance of an anomalous step
 //   profile/                     Chrome traces of log.profile_steps
 //   run.lock                     held by the running trainer (its pid inside)
@@ -73,7 +73,7 @@ inline std::string profile(const std::string& run) { return run + "/profile"; }
 
 // Held (common/dir_lock.h) by the trainer's rank 0 while it runs in the directory.
 constexpr const char* kLock = "run.lock";
-// Checkpoints that did not verify, moved aside instead of deleted (checkpoint/checkpoint.h).
+// Checkpoints that did not verify, moved aside instead of deleted (trainer/checkpoint/checkpoint.h).
 inline std::string quarantine(const std::string& run) { return checkpoints(run) + "/quarantine"; }
 
 // Inside a checkpoint directory: written last, lists every file with its size and xxh64.
