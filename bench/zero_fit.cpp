@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "models/registry.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/step/memory_check.h"
 
 namespace {

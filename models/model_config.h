@@ -34,7 +34,7 @@ struct ModelConfig {
   bool tie_embeddings = false;
 };
 
-// The model.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The model.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_model(config_schema::Schema& s, ModelConfig& m);
 
 }  // namespace lm

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""The dependency rule, enforced: common/ <- data/, models/ <- trainer/ <- launch/, tools/.
+"""The dependency rule, enforced: common/ <- data/, models/ <- run/ <- trainer/ <- launch/, tools/.
 
 Every project include ("folder/...") in a source file must point at its own top-level folder or
-one the rule allows below it. Torch-free code stays so: nothing in common/ outside common/torch/,
-nothing in data/, launch/ (the launcher speaks c10d's store protocol itself) and tools/report/
-includes a LibTorch header (<torch/...>, <ATen/...>, <c10/...>) or common/torch/. Inside every
-folder, at every level, the arrows between its parts (each subfolder, and the files at its own top
-as one more part) form no cycle: a part that includes another part's header is below it, so
-trainer/config/ may include trainer/checkpoint/checkpoint_config.h only while nothing under
-trainer/checkpoint/ includes trainer/config/. Prints each violation as FILE:LINE (a cycle: each of
-its arrows with one include that makes it) and exits 1 when there is any.
+one the rule allows below it: run/ (the run contract: the run directory, the records, the config)
+is what launch/ and tools/ share with the trainer, and they include nothing of trainer/. Torch-free
+code stays so: nothing in common/ outside common/torch/, nothing in data/, run/, launch/ (the
+launcher speaks c10d's store protocol itself) and tools/ includes a LibTorch header (<torch/...>,
+<ATen/...>, <c10/...>) or common/torch/. Inside every folder, at every level, the
+arrows between its parts (each subfolder, and the files at its own top as one more part) form no
+cycle: a part that includes another part's header is below it, so trainer/step/ may include
+trainer/optim/optimizer.h only while nothing under trainer/optim/ includes trainer/step/. Prints
+each violation as FILE:LINE (a cycle: each of its arrows with one include that makes it) and exits
+1 when there is any.
 bench/ and tests/ may include anything. Usage: check_layering.py [REPO_ROOT]
 """
 import os
@@ -20,14 +22,15 @@ ALLOWED = {
     "common": {"common"},
     "data": {"common", "data"},
     "models": {"common", "models"},
-    "trainer": {"common", "data", "models", "trainer"},
-    "launch": {"common", "data", "models", "trainer", "launch"},
-    "tools": {"common", "data", "models", "trainer", "tools"},
+    "run": {"common", "data", "models", "run"},
+    "trainer": {"common", "data", "models", "run", "trainer"},
+    "launch": {"common", "data", "models", "run", "launch"},
+    "tools": {"common", "data", "models", "run", "tools"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s+<((?:torch|ATen|c10)/[^>]+)>')
 # Folders that never see LibTorch (common/torch/ aside).
-TORCH_FREE = ("common", "data", "launch", os.path.join("tools", "report"))
+TORCH_FREE = ("common", "data", "run", "launch", "tools")
 
 
 def violations(root):

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/train.h"
 
 namespace lm {

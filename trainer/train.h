@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/telemetry/run_telemetry.h"  // TrainSummary
 
 namespace lm {

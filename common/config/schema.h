@@ -1,7 +1,7 @@
 // The config schema: one Field per public key, with its parser, its printer, its allowed values
 // and its one description. Each section's describe_<section>() beside the struct that owns the
 // section fills it (describe_data in data/loader/data_config.cpp, describe_model in
-// models/model_config.cpp, ...; the list in trainer/config/config.cpp's describe()); the config
+// models/model_config.cpp, ...; the list in run/config/config.cpp's describe()); the config
 // loader parses, prints and documents every key from it, and `trainer --keys` prints it. Each helper
 // below takes a key's bounds or choices once and derives from them both the check and the
 // allowed-values text. Torch-free (lm_common_config), so that data/ and models/ describe their keys.

@@ -1,5 +1,5 @@
 // Configuration of the training data (YAML section `data:`) and its one validation (data_config.cpp,
-// in lm_data: the config loader, trainer/config/config.cpp in lm_config, and the Loader both call
+// in lm_data: the config loader, run/config/config.cpp in lm_run, and the Loader both call
 // validate()). The data.* keys' descriptions and allowed values are in describe_data
 // (data_config.cpp); `trainer --keys` prints them with the defaults below (data.sources' entries:
 // source_fields()).
@@ -140,7 +140,7 @@ void validate_mixture(const DataConfig& c);
 // for the first bad value; `seq_len` is the model's context (token_budget must fit one sample).
 void validate(const DataConfig& c, int64_t seq_len);
 
-// The data.* keys into the config schema (trainer/config/config.cpp's describe()): each one's type,
+// The data.* keys into the config schema (run/config/config.cpp's describe()): each one's type,
 // allowed values and its one description.
 void describe_data(config_schema::Schema& s, DataConfig& d);
 

@@ -229,7 +229,7 @@ struct TrainData {
   // wherever the dataset lives (a local directory, a URL, the .model of raw text).
   std::string tokenizer_model() const;
   // The tokenizer as a dataset without shards at `dir` (manifest.json and the model file), which
-  // Manifest::load and load_tokenizer_isolated read: what a run directory carries (run_dir.h), so
+  // Manifest::load and load_tokenizer_isolated read: what a run directory carries (run/run_dir.h), so
   // that export and generate work after the data is gone.
   void save_tokenizer(const std::string& dir) const;
 };

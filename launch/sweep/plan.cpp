@@ -19,8 +19,8 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run/run_dir.h"
-#include "trainer/telemetry/records.h"
+#include "run/run_dir.h"
+#include "run/records.h"
 
 namespace lm::sweep {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "launch/sweep/spec.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 
 namespace lm::sweep {
 

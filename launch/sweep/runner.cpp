@@ -18,7 +18,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "launch/sweep/summary.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm::sweep {
 namespace {

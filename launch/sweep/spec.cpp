@@ -12,7 +12,7 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/text.h"
-#include "trainer/config/config_yaml.h"
+#include "run/config/config_yaml.h"
 
 namespace lm::sweep {
 namespace {

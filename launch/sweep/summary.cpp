@@ -10,8 +10,8 @@
 
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run/run_dir.h"
-#include "trainer/telemetry/records.h"
+#include "run/run_dir.h"
+#include "run/records.h"
 
 namespace lm::sweep {
 namespace {
@@ -38,7 +38,7 @@ void add_record(const nlohmann::json& j, RunStats& st, std::vector<double>& tps)
   const std::string kind = j.value(records::kKind, "");
   if (kind == records::kTrain && j.contains(records::kStep)) {
     st.steps = j[records::kStep].get<int64_t>();
-    // null when a step of the window was non-finite (records.h)
+    // null when a step of the window was non-finite (run/records.h)
     st.train_loss = j.contains(records::kLoss) && j[records::kLoss].is_number() ? j[records::kLoss].get<double>() : NAN;
     if (j.contains(records::kTokensPerS)) tps.push_back(j[records::kTokensPerS].get<double>());
   } else if (kind == records::kVal && j.contains(records::kValLoss)) {

@@ -1,5 +1,5 @@
 // Hostile data input, as a new user (or a bad disk) would give it (hostile config files:
-// tests/trainer/config/config_test.cpp): prep options out of range and the leftovers of a killed prep; token ids past the vocabulary; and random byte flips and truncations
+// tests/run/config/config_test.cpp): prep options out of range and the leftovers of a killed prep; token ids past the vocabulary; and random byte flips and truncations
 // in every file of a dataset. Each is refused with one line naming the file (exit 2), never a
 // crash, and never a batch built from wrong tokens.
 #include <gtest/gtest.h>

@@ -1,11 +1,11 @@
-// Fuzzes the experiment file and its overrides (trainer/config/config.h load_config): input = YAML text,
+// Fuzzes the experiment file and its overrides (run/config/config.h load_config): input = YAML text,
 // optionally followed by a line "#@overrides" and one "dotted.key=value" override per line.
 // Contract: a ConfigError or a config; an accepted config survives to_yaml() -> load_config() with
 // the same result (config.h promises the round trip) and to_json().
 #include <sstream>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace lm;

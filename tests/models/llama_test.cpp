@@ -17,7 +17,7 @@
 #include "tests/testutil.h"
 #include "trainer/export/hf_dir.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/generate/generate.h"
 
 namespace lm {

@@ -12,7 +12,7 @@
 
 #include "tests/remote_servers.h"  // count_in
 #include "tests/testutil.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

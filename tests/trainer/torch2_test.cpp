@@ -17,7 +17,7 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/ema.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

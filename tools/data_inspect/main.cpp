@@ -25,7 +25,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "data/loader/loader.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 
 namespace lm {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "tools/report/html.h"
-#include "trainer/telemetry/records.h"
+#include "run/records.h"
 
 namespace lm::report {
 namespace {

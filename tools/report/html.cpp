@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/log.h"
-#include "trainer/telemetry/records.h"
+#include "run/records.h"
 
 namespace lm::report {
 namespace {

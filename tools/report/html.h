@@ -19,7 +19,7 @@ std::string si(double v, int sig = 3);
 // Seconds as "12.3 s", "4.5 min" or "2.25 h".
 std::string duration(double s);
 
-// The unit of metric `field` as trainer/telemetry/records.h lists it ("ms", "%", "tokens/s"); ""
+// The unit of metric `field` as run/records.h lists it ("ms", "%", "tokens/s"); ""
 // when dimensionless or not a known field.
 std::string unit(const char* field);
 

@@ -14,9 +14,9 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/config/config_yaml.h"
-#include "trainer/run/run_dir.h"
-#include "trainer/telemetry/records.h"
+#include "run/config/config_yaml.h"
+#include "run/run_dir.h"
+#include "run/records.h"
 
 namespace lm::report {
 namespace {

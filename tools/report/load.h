@@ -1,6 +1,6 @@
 // Reading run directories for the report: one Run per directory, from metrics.jsonl (required),
-// config.yaml, meta.json and summary.json (optional). File names are those of trainer/run/run_dir.h,
-// metric names those of trainer/telemetry/records.h. Torch-free.
+// config.yaml, meta.json and summary.json (optional). File names are those of run/run_dir.h,
+// metric names those of run/records.h. Torch-free.
 //
 // Reading metrics.jsonl: lines that are not JSON objects (a crash can cut the last one) are skipped
 // and counted in the run's notes; unknown kinds and missing or null fields are skipped. Each series

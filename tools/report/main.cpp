@@ -3,7 +3,7 @@
 //   report RUN_DIR [RUN_DIR...] [-o report.html] [--title TEXT] [--max-points N] [--smooth A]
 //
 // Reads each RUN_DIR's metrics.jsonl (required), config.yaml and meta.json (optional; the run
-// directory as the trainer writes it, see docs/runs.md "What a run writes" and trainer/run/run_dir.h) and
+// directory as the trainer writes it, see docs/runs.md "What a run writes" and run/run_dir.h) and
 // writes ONE HTML file with inline CSS and inline SVG. The pieces:
 //   load.h    a run directory -> Run (series, events, config, meta, notes)
 //   charts.h  the SVG charts (axes, lines, downsampling, smoothing, hover bands, legends)

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/torch/stateful.h"
-#include "trainer/checkpoint/checkpoint_config.h"
+#include "run/config/checkpoint_config.h"
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/reader.h"

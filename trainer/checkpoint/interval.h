@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "trainer/checkpoint/checkpoint_config.h"
+#include "run/config/checkpoint_config.h"
 
 namespace lm {
 

@@ -6,7 +6,7 @@
 
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace checkpoint_layout {

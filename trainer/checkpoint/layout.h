@@ -1,9 +1,9 @@
 // The checkpoint directory's layout, shared by the writer (writer.h) and the reader (reader.h):
 // the format's magic and version, how a checkpoint is committed, how an interrupted re-save is
 // recovered, and the names of the directories a save or a removal leaves on the way. Listing is
-// run_dir::list_checkpoints (trainer/run/run_dir.h), shared with the sweep tool.
+// run_dir::list_checkpoints (run/run_dir.h), shared with the sweep tool.
 //
-// RUN_DIR/checkpoints/step_<8-digit step>/   (names from trainer/run/run_dir.h)
+// RUN_DIR/checkpoints/step_<8-digit step>/   (names from run/run_dir.h)
 //   <key>.safetensors  tensors of each replicated component (model, optimizer, ema)     rank 0
 //   <key>.part_<r>.safetensors  rank r's part of a sharded component (sharded optimizer, ZeRO-3's weights and EMA)  every rank
 //   state.json         magic, version, step, run facts, replicated components' values  rank 0

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "trainer/checkpoint/layout.h"
 #include "trainer/checkpoint/safetensors.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/checkpoint/checkpoint_config.h"
+#include "run/config/checkpoint_config.h"
 #include "trainer/checkpoint/state.h"
 
 namespace lm {

@@ -6,7 +6,7 @@
 #include "common/log.h"
 #include "models/registry.h"
 #include "trainer/comm/process_group.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 

@@ -26,7 +26,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "trainer/checkpoint/layout.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

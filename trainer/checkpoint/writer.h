@@ -53,7 +53,7 @@
 
 #include "common/files.h"
 #include "common/torch/stateful.h"
-#include "trainer/checkpoint/checkpoint_config.h"
+#include "run/config/checkpoint_config.h"
 #include "trainer/checkpoint/interval.h"
 #include "trainer/checkpoint/reader.h"
 #include "trainer/checkpoint/stall.h"

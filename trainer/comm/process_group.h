@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/parallel/dist_config.h"
+#include "run/config/dist_config.h"
 #include "trainer/comm/launch_env.h"
 
 namespace lm {

@@ -11,7 +11,7 @@
 #include "data/loader/val_reader.h"
 #include "models/lm.h"
 #include "data/loader/data_config.h"
-#include "trainer/eval/eval_config.h"
+#include "run/config/eval_config.h"
 
 namespace lm {
 

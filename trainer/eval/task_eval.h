@@ -22,7 +22,7 @@
 #include "data/loader/loader.h"
 #include "data/tokenizer/tokenizer.h"
 #include "models/lm.h"
-#include "trainer/eval/eval_config.h"
+#include "run/config/eval_config.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/telemetry/task_score.h"
 

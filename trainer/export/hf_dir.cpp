@@ -17,7 +17,7 @@
 #include "models/registry.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/weights_reader.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

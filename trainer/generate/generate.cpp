@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "data/tokenizer/tokenizer.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/runtime/device.h"
 #include "trainer/cli.h"
 #include "common/errors.h"
@@ -17,7 +17,7 @@
 #include "models/build.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/weights_reader.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

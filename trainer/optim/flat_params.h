@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "trainer/optim/optim_config.h"
+#include "run/config/optim_config.h"
 
 namespace lm {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "trainer/optim/flat_params.h"
-#include "trainer/optim/optim_config.h"
+#include "run/config/optim_config.h"
 #include "common/torch/stateful.h"
 
 namespace lm {

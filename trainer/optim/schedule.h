@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "common/torch/stateful.h"
-#include "trainer/optim/optim_config.h"
+#include "run/config/optim_config.h"
 
 namespace lm {
 

@@ -13,7 +13,7 @@
 
 #include "models/lm.h"
 #include "trainer/checkpoint/state.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/optim/ema.h"

@@ -26,7 +26,7 @@
 
 #include "trainer/optim/flat_params.h"
 #include "common/torch/stateful.h"
-#include "trainer/parallel/dist_config.h"
+#include "run/config/dist_config.h"
 #include "trainer/comm/process_group.h"
 
 namespace lm {

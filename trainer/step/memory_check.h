@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 
 namespace lm {
 

@@ -15,14 +15,14 @@
 #include "data/loader/loader.h"
 #include "models/lm.h"
 #include "models/model_config.h"
-#include "trainer/config/train_config.h"
+#include "run/config/train_config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/parallel/step_stats.h"
 #include "trainer/optim/ema.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/source_tokens.h"
-#include "trainer/telemetry/telemetry_config.h"
+#include "run/config/telemetry_config.h"
 
 namespace lm {
 

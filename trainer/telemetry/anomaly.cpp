@@ -7,7 +7,7 @@
 #include "common/checksum.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 

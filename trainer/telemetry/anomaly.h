@@ -12,7 +12,7 @@
 #include "data/format/manifest.h"
 #include "data/loader/loader.h"
 #include "common/torch/stateful.h"
-#include "trainer/telemetry/telemetry_config.h"
+#include "run/config/telemetry_config.h"
 
 namespace lm {
 

@@ -17,7 +17,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/torch/compat.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 #include "trainer/runtime/device.h"
 
 namespace lm {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/telemetry/telemetry_config.h"  // parse_step_range
+#include "run/config/telemetry_config.h"  // parse_step_range
 
 namespace lm {
 

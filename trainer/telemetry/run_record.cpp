@@ -21,7 +21,7 @@
 #include "common/files.h"
 #include "common/log.h"
 #include "common/process.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 

@@ -8,9 +8,9 @@
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/log.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 #include "trainer/telemetry/anomaly.h"
-#include "trainer/telemetry/records.h"
+#include "run/records.h"
 
 namespace lm {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "trainer/telemetry/telemetry_config.h"
+#include "run/config/telemetry_config.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/mfu.h"
 #include "common/torch/stateful.h"

@@ -1,7 +1,7 @@
 // The realised data mixture's counters (see source_tokens.h).
 #include "trainer/telemetry/source_tokens.h"
 
-#include "trainer/telemetry/records.h"
+#include "run/records.h"
 
 namespace lm {
 

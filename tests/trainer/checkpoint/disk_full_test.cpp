@@ -12,7 +12,7 @@
 
 #include "tests/testutil.h"
 #include "trainer/checkpoint/reader.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 #include "trainer/telemetry/tensorboard.h"
 
 namespace lm {

@@ -18,9 +18,9 @@
 #include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/step/memory_check.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

@@ -16,7 +16,7 @@
 #include "common/files.h"
 #include "tests/testutil.h"
 #include "trainer/checkpoint/reader.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

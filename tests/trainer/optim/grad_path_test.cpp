@@ -19,7 +19,7 @@
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/optim/adamw.h"
-#include "trainer/run/run_dir.h"
+#include "run/run_dir.h"
 
 namespace lm {
 namespace {

@@ -16,7 +16,7 @@
 #include "tests/trainer/parallel/group_run.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "models/registry.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/step/memory_check.h"
 #include "trainer/parallel/zero1.h"
 #include "trainer/parallel/zero2.h"

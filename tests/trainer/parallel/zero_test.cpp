@@ -13,7 +13,7 @@
 #include "tests/testutil.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "models/registry.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/step/memory_check.h"
 #include "trainer/parallel/zero1.h"
 #include "trainer/parallel/zero2.h"

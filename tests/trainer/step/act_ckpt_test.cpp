@@ -14,7 +14,7 @@
 #include "common/torch/compat.h"
 #include "models/registry.h"
 #include "tests/testutil.h"
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 #include "trainer/step/memory_check.h"
 
 namespace lm {

@@ -1,6 +1,6 @@
 // The run: and train: sections' keys (see train_config.h): each one's type, allowed values and its
 // one description, printed by `trainer --keys` and docs/config.md.
-#include "trainer/config/train_config.h"
+#include "run/config/train_config.h"
 
 #include "common/config/schema.h"
 

@@ -29,7 +29,7 @@ struct CheckpointConfig {
   bool resume_none() const { return resume == "none"; }
 };
 
-// The checkpoint.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The checkpoint.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_checkpoint(config_schema::Schema& s, CheckpointConfig& ck);
 
 }  // namespace lm

@@ -1,4 +1,4 @@
-// SIGTERM / SIGINT at every phase of a real trainer process (trainer/run/stop_signal.h): start-up,
+// SIGTERM / SIGINT at every phase of a real trainer process (trainer/runtime/stop_signal.h): start-up,
 // rendezvous and resume loading end at once with one line and 128+signal, wherever they block;
 // evaluation, a checkpoint write and shutdown end cleanly (exit 0, a checkpoint when training had
 // started); a second signal aborts at once. The phase is pinned without timing guesses: a FIFO the

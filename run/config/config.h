@@ -16,12 +16,12 @@
 #include "common/text.h"
 #include "data/loader/data_config.h"
 #include "models/model_config.h"
-#include "trainer/checkpoint/checkpoint_config.h"
-#include "trainer/config/train_config.h"
-#include "trainer/eval/eval_config.h"
-#include "trainer/optim/optim_config.h"
-#include "trainer/parallel/dist_config.h"
-#include "trainer/telemetry/telemetry_config.h"
+#include "run/config/checkpoint_config.h"
+#include "run/config/train_config.h"
+#include "run/config/eval_config.h"
+#include "run/config/optim_config.h"
+#include "run/config/dist_config.h"
+#include "run/config/telemetry_config.h"
 
 namespace lm {
 

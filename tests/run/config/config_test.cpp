@@ -1,5 +1,5 @@
-// Config parsing: precedence, strictness and every bad-input message (trainer/config/config.h).
-#include "trainer/config/config.h"
+// Config parsing: precedence, strictness and every bad-input message (run/config/config.h).
+#include "run/config/config.h"
 
 #include <gtest/gtest.h>
 

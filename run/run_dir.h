@@ -3,11 +3,11 @@
 //
 // RUN_DIR/
 //   config.yaml                  resolved config (loads back to the same config)
-//   meta.json                    how to reproduce the run and how it ended (telemetry/run_record.h)
+//   meta.json                    how to reproduce the run and how it ended (trainer/telemetry/run_record.h)
 //   tokenizer/                   the data's tokenizer as a dataset without shards (manifest.json and
 //                                the sentencepiece model; data::TrainData::save_tokenizer): export
 //                                and generate read it, so they work wherever the data went
-//   metrics.jsonl                one JSON record per line (telemetry/records.h)
+//   metrics.jsonl                one JSON record per line (run/records.h)
 //   summary.json                 the run's totals, written at the end
 //   model.safetensors            final weights
 //   events.out.tfevents.*        TensorBoard scalars

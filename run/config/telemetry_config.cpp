@@ -1,6 +1,6 @@
 // The log: and anomaly: sections' keys (see telemetry_config.h): each one's type, allowed values and
-// its one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_config).
-#include "trainer/telemetry/telemetry_config.h"
+// its one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_run).
+#include "run/config/telemetry_config.h"
 
 #include "common/config/schema.h"
 

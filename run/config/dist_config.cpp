@@ -1,6 +1,6 @@
 // The dist: section's keys (see dist_config.h): each one's type, allowed values and its one
 // description, printed by `trainer --keys` and docs/config.md.
-#include "trainer/parallel/dist_config.h"
+#include "run/config/dist_config.h"
 
 #include "common/config/schema.h"
 

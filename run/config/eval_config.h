@@ -31,7 +31,7 @@ struct EvalConfig {
   }
 };
 
-// The eval.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The eval.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_eval(config_schema::Schema& s, EvalConfig& e);
 
 }  // namespace lm

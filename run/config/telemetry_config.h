@@ -43,7 +43,7 @@ inline bool parse_step_range(const std::string& text, int64_t* a, int64_t* b) {
   return true;
 }
 
-// The log.* and anomaly.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The log.* and anomaly.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_log(config_schema::Schema& s, LogConfig& l);
 void describe_anomaly(config_schema::Schema& s, AnomalyConfig& a);
 

@@ -21,7 +21,7 @@ struct DistConfig {
   bool backend_auto() const { return backend == "auto"; }
 };
 
-// The dist.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The dist.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_dist(config_schema::Schema& s, DistConfig& d);
 
 }  // namespace lm

@@ -1,7 +1,7 @@
 // YAML file + overrides -> ExperimentConfig (see config.h). describe() below lists every section's
 // describe_<section>(): together, every public config key, its type, its allowed values and its one
 // description (`trainer --keys`).
-#include "trainer/config/config.h"
+#include "run/config/config.h"
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -24,7 +24,7 @@
 #include "models/registry.h"
 #include "common/config/schema.h"
 #include "common/config/values.h"
-#include "trainer/config/config_yaml.h"
+#include "run/config/config_yaml.h"
 
 namespace lm {
 namespace {
@@ -41,17 +41,17 @@ using Where = std::string;
 // run's config.yaml and checkpoints hold this order): each section's keys are described beside the
 // struct that owns the section (its describe_<section>()); the defaults live in those structs.
 void describe(Schema& s, ExperimentConfig& c) {
-  describe_run(s, c.run);                // trainer/config/train_config.cpp
+  describe_run(s, c.run);                // run/config/train_config.cpp
   describe_data(s, c.data);              // data/loader/data_config.cpp
   describe_model(s, c.model);            // models/model_config.cpp
-  describe_optim(s, c.optim);            // trainer/optim/optim_config.cpp
-  describe_schedule(s, c.schedule);      // trainer/optim/optim_config.cpp
-  describe_train(s, c.train);            // trainer/config/train_config.cpp
-  describe_checkpoint(s, c.checkpoint);  // trainer/checkpoint/checkpoint_config.cpp
-  describe_dist(s, c.dist);              // trainer/parallel/dist_config.cpp
-  describe_log(s, c.log);                // trainer/telemetry/telemetry_config.cpp
-  describe_anomaly(s, c.anomaly);        // trainer/telemetry/telemetry_config.cpp
-  describe_eval(s, c.eval);              // trainer/eval/eval_config.cpp
+  describe_optim(s, c.optim);            // run/config/optim_config.cpp
+  describe_schedule(s, c.schedule);      // run/config/optim_config.cpp
+  describe_train(s, c.train);            // run/config/train_config.cpp
+  describe_checkpoint(s, c.checkpoint);  // run/config/checkpoint_config.cpp
+  describe_dist(s, c.dist);              // run/config/dist_config.cpp
+  describe_log(s, c.log);                // run/config/telemetry_config.cpp
+  describe_anomaly(s, c.anomaly);        // run/config/telemetry_config.cpp
+  describe_eval(s, c.eval);              // run/config/eval_config.cpp
 }
 
 std::string closest_key(const Schema& s, const std::string& key) {

@@ -1,5 +1,5 @@
 // One YAML document from a file (see config_yaml.h).
-#include "trainer/config/config_yaml.h"
+#include "run/config/config_yaml.h"
 
 #include <yaml-cpp/eventhandler.h>
 

@@ -80,7 +80,7 @@ struct ScheduleConfig {
 // to optim.lr x min_lr_ratio at `end`, and stays there): start = the anneal stage's first step, or
 // max_steps minus the decay's length; length = decay_steps, or round(decay_fraction x max_steps),
 // or, from an anneal stage, to max_steps. The config loader refuses a decay that does not fit
-// (trainer/config/config.cpp); the schedule (trainer/optim/schedule.h) and its records read this one rule.
+// (run/config/config.cpp); the schedule (trainer/optim/schedule.h) and its records read this one rule.
 struct DecayWindow {
   int64_t start = 0, end = 0;
 };
@@ -92,7 +92,7 @@ inline DecayWindow wsd_decay_window(const ScheduleConfig& s, int64_t max_steps) 
   return {max_steps - length, max_steps};
 }
 
-// The optim.* and schedule.* keys into the config schema (trainer/config/config.cpp's describe()).
+// The optim.* and schedule.* keys into the config schema (run/config/config.cpp's describe()).
 void describe_optim(config_schema::Schema& s, OptimConfig& o);
 void describe_schedule(config_schema::Schema& s, ScheduleConfig& sc);
 

@@ -1,6 +1,6 @@
 // The eval: section's keys (see eval_config.h): each one's type, allowed values and its one
-// description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_config).
-#include "trainer/eval/eval_config.h"
+// description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_run).
+#include "run/config/eval_config.h"
 
 #include "common/config/schema.h"
 #include "common/config/values.h"

@@ -1,6 +1,6 @@
 // The checkpoint: section's keys (see checkpoint_config.h): each one's type, allowed values and its
-// one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_config).
-#include "trainer/checkpoint/checkpoint_config.h"
+// one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_run).
+#include "run/config/checkpoint_config.h"
 
 #include "common/config/schema.h"
 

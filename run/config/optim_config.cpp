@@ -1,6 +1,6 @@
 // The optim: and schedule: sections' keys (see optim_config.h): each one's type, allowed values and
-// its one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_config).
-#include "trainer/optim/optim_config.h"
+// its one description, printed by `trainer --keys` and docs/config.md. Torch-free (lm_run).
+#include "run/config/optim_config.h"
 
 #include "common/config/schema.h"
 

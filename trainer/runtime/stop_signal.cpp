@@ -1,5 +1,5 @@
 // Stop signals by phase (see stop_signal.h). The handler makes only async-signal-safe calls.
-#include "trainer/run/stop_signal.h"
+#include "trainer/runtime/stop_signal.h"
 
 #include <unistd.h>
 

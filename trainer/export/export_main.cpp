@@ -8,8 +8,8 @@
 
 #include "common/errors.h"
 #include "trainer/export/hf_dir.h"
-#include "trainer/config/config.h"
-#include "trainer/run/run_dir.h"
+#include "run/config/config.h"
+#include "run/run_dir.h"
 
 int main(int argc, char** argv) {
   return lm::run_main("export", [&] {
