@@ -1,4 +1,4 @@
-// What fits on a node, from the memory check's own formula (trainer/step/memory_check.h
+// What fits on a node, from the memory check's own formula (trainer/parallel/memory_check.h
 // estimate_memory, the numbers a CUDA run's start-up check uses): for GPT and Llama shapes of the
 // usual ladders, each ZeRO stage, and activation checkpointing off and on, the per-rank estimate at
 // --world ranks of --gb GB each, and the largest shape that fits. Nothing is allocated; no GPU is
@@ -16,7 +16,7 @@
 
 #include "models/registry.h"
 #include "run/config/config.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 
 namespace {
 

@@ -21,13 +21,13 @@
 #include "data/remote/store.h"
 #include "models/build.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/export/hf_dir.h"
+#include "trainer/hf/hf_dir.h"
 #include "trainer/checkpoint/state.h"
 #include "trainer/comm/launch_env.h"
 #include "trainer/parallel/parallel.h"
 #include "trainer/parallel/step_stats.h"
 #include "trainer/eval/evaluate.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 #include "trainer/parallel/model_parts.h"
 #include "trainer/optim/ema.h"
 #include "trainer/optim/schedule.h"
@@ -88,9 +88,9 @@ class Trainer {
     open_data();
     check_memory_fits(cfg, vocab_, device_, world_);  // before anything is allocated or written
     open_run_dir();
-    ckpt_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_,
+    checkpointer_ = std::make_unique<Checkpointer>(cfg.checkpoint, cfg.run.dir, rank_, world_,
                                            std::max(1, world_ / std::max(1, launch_.local_world_size)));
-    resume_ = find_resume(*ckpt_, cfg.checkpoint, comm_.get(), rank_);
+    resume_ = find_resume(*checkpointer_, cfg.checkpoint, comm_.get(), rank_);
     if (!resume_.dir.empty())
       check_compatible(resume_, arch_json(cfg.model, vocab_), data_.resume_version, cfg.checkpoint.force);
     const double mb_before_model = memory_mb(device_);
@@ -104,7 +104,7 @@ class Trainer {
     if (rank_ == 0) {
       log::info("trainer: " + command);
       log::info("resolved config (* = not the default):\n" + to_table(cfg));
-      ckpt_->quarantine_pending();
+      checkpointer_->quarantine_pending();
       files::write_file_atomic(run_dir::config(cfg.run.dir), to_yaml(cfg));
       data_.save_tokenizer(run_dir::tokenizer(cfg.run.dir));
     }
@@ -113,23 +113,26 @@ class Trainer {
     log::info(describe_runtime(device_, world_));
     if (!resume_.dir.empty())
       log::info(strf("resumed from %s at step %lld (%.0f ms)", resume_.dir.c_str(), (long long)progress_.step, resumed.load_ms));
-    m_.parallel->start();
-    log::info(m_.parallel->describe(m_.opt->state_bytes(), m_.opt->state_name()));
+    model_parts_.parallel->start();
+    log::info(model_parts_.parallel->describe(model_parts_.opt->state_bytes(), model_parts_.opt->state_name()));
     // The start's own peak: the model built, placed and restored (ZeRO-3: never every weight at once).
     log::info(strf("memory: start-up peak %.0f MB (%s), %.0f MB before the model; the weights are %.0f MB",
                    peak_memory_mb(device_), device_.is_cuda() ? "CUDA peak allocated" : "peak resident set",
-                   mb_before_model, 4.0 * static_cast<double>(m_.params) / 1e6));
-    step_ = std::make_unique<ForwardBackward>(ForwardBackward::Parts{
-        &cfg_.train, &cfg_.model, cfg_.data.reuse_batch, !cfg_.data.bucketed(), cfg_.optim.grad_clip,
-        cfg_.optim.z_loss > 0, m_.model, m_.flat.get(), loader_.get(), source_tokens_.get(), comm_.get(), m_.parallel.get(), device_,
-        world_, vocab_});
-    update_ = std::make_unique<StepUpdate>(cfg.anomaly, *m_.opt, m_.ema.get(), world_, *m_.parallel);
+                   mb_before_model, 4.0 * static_cast<double>(model_parts_.params) / 1e6));
+    ForwardBackward::Parts step;
+    step.config = {&cfg_.train, &cfg_.model, cfg_.data.reuse_batch, !cfg_.data.bucketed(), cfg_.optim.grad_clip,
+                   cfg_.optim.z_loss > 0};
+    step.model = {model_parts_.model, model_parts_.flat.get(), model_parts_.parallel.get()};
+    step.data = {loader_.get(), source_tokens_.get()};
+    step.runtime = {comm_.get(), device_, world_, vocab_};
+    forward_backward_ = std::make_unique<ForwardBackward>(step);
+    step_update_ = std::make_unique<StepUpdate>(cfg.anomaly, *model_parts_.opt, model_parts_.ema.get(), world_, *model_parts_.parallel);
     profiler_ = std::make_unique<StepProfiler>(cfg.log.profile_steps, cfg.run.dir, rank_, device_);
     telemetry_.start(command, {"", nlohmann::json::parse(to_json(cfg_)), data_,
-                               gpu_info(device_), world_, launch_.source, m_.params, m_.flops_per_token,
-                               schedule_.record(), m_.parallel->record()}, resumed);
+                               gpu_info(device_), world_, launch_.source, model_parts_.params, model_parts_.flops_per_token,
+                               schedule_.record(), model_parts_.parallel->record()}, resumed);
     if (device_.is_cuda()) nvidia_smi_snapshot(cfg_.run.dir, "start", rank_);
-    ckpt_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
+    checkpointer_->prepare(state_.snapshot(progress_.step, {}));  // async saves: the staging buffer, before the first
     stop_signal::training_started();  // meta.json exists: from here a stop signal checkpoints
   }
 
@@ -137,8 +140,8 @@ class Trainer {
     const auto t_start = Clock::now();
     std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit fails the write (EFBIG) instead of killing us
     std::vector<data::Batch> batches(static_cast<size_t>(cfg_.train.grad_accum));
-    m_.model->train();
-    if (tasks_) score_tasks();  // the untrained (or resumed) model's scores, before its first step
+    model_parts_.model->train();
+    if (task_eval_) score_tasks();  // the untrained (or resumed) model's scores, before its first step
     while (progress_.step < cfg_.train.max_steps) {
       try {
         if (!train_step(batches)) return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
@@ -148,17 +151,17 @@ class Trainer {
       } catch (const DataError& e) {  // the data ended or went bad (a 4xx): the last whole step, and its weights
         keep_last_whole_step();
         if (progress_.step == progress_.start_step) throw;  // nothing new to keep
-        m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
+        model_parts_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
         throw DataError(strf("%s; stopped after step %lld: its checkpoint and %s saved", e.what(),
                              (long long)progress_.step, run_dir::weights(cfg_.run.dir).c_str()));
       }
     }
     evaluate();
-    if (ckpt_->last_save_step() != progress_.step) save();  // always one at the end
-    ckpt_->wait();
+    if (checkpointer_->last_save_step() != progress_.step) save();  // always one at the end
+    checkpointer_->wait();
     telemetry_.flush();
     log_saves();
-    m_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
+    model_parts_.save_weights(run_dir::weights(cfg_.run.dir), cfg_.model.arch, progress_.step, rank_);
     return telemetry_.summary(progress_.step, progress_.start_step, seconds_since(t_start));
   }
 
@@ -180,9 +183,9 @@ class Trainer {
                                              /*step_blocks=*/cfg_.dist.invariant);
     progress_.loader = loader_.get();
     const EvalRuntime eval_rt{cfg_.model.seq_len, cfg_.train.micro_batch_size, device_, cfg_.train.bf16(), rank_, world_};
-    eval_ = Evaluator::create(cfg_.eval, cfg_.data, data_.val_source(), eval_rt);
+    validation_ = Evaluator::create(cfg_.eval, cfg_.data, data_.val_source(), eval_rt);
     if (!cfg_.eval.tasks.empty())  // a bad task file is refused here, before anything is written
-      tasks_ = TaskEvaluator::create(cfg_.eval, *load_run_tokenizer(data_), eval_rt);
+      task_eval_ = TaskEvaluator::create(cfg_.eval, *load_run_tokenizer(data_), eval_rt);
   }
 
   // The run directory, this rank's log, and the process group.
@@ -202,7 +205,7 @@ class Trainer {
   void build_model() {
     install_caching_host_allocator();
     configure_math(cfg_.train.threads, device_, cfg_.dist.invariant);
-    m_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
+    model_parts_ = build_model_parts(cfg_, vocab_, data_.vocab_size(), static_cast<int64_t>(data_.tokenizer().eos_id), device_, rng_,
                            comm_.get(), rank_, world_);
   }
 
@@ -212,8 +215,8 @@ class Trainer {
     using S = StateRegistry::Scope;
     namespace k = state_key;
     loader_position_.loader = loader_.get(), loader_position_.force = cfg_.checkpoint.force;
-    m_.set_fence(ckpt_.get());
-    m_.register_state(state_, resume_.dir);  // model, optimizer, EMA, the parallelism's (model_parts.h)
+    model_parts_.set_fence(checkpointer_.get());
+    model_parts_.register_state(state_, resume_.dir);  // model, optimizer, EMA, the parallelism's (model_parts.h)
     state_.add(k::kScheduler, S::kReplicated, schedule_);
     state_.add(k::kProgress, S::kReplicated, progress_);
     state_.add(k::kMetrics, S::kReplicated, telemetry_.train_log());
@@ -255,17 +258,17 @@ class Trainer {
     const auto t0 = Clock::now();
     torch::Tensor stats;
     reading_ = true;
-    const RankStats mine = step_->run(batches, progress_.step, &stats);
+    const RankStats mine = forward_backward_->run(batches, progress_.step, &stats);
     reading_ = false;
-    auto s = update_->begin(progress_.step + 1, schedule_.at(progress_.step), mine, stats, t0);
-    if (auto prev = update_->take()) read_step(*prev, prev->kept);  // done, or nearly, by now
+    auto s = step_update_->begin(progress_.step + 1, schedule_.at(progress_.step), mine, stats, t0);
+    if (auto prev = step_update_->take()) read_step(*prev, prev->kept);  // done, or nearly, by now
     s->mine.stop = stop_signal::requested() != 0;
     const int64_t n = s->step;
-    s->mine.save = n != cfg_.train.max_steps && ckpt_->due(n, seconds_since(t0));
-    if (update_->deferred() && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
+    s->mine.save = n != cfg_.train.max_steps && checkpointer_->due(n, seconds_since(t0));
+    if (step_update_->deferred() && !s->mine.stop && !s->mine.save && n % cfg_.log.every_steps != 0 &&
         n != cfg_.train.max_steps && !eval_due(n)) {
       profiler_->after_step(++progress_.step);
-      update_->hold(std::move(s), batches);
+      step_update_->hold(std::move(s), batches);
       return true;
     }
     const auto [anomaly, all] = read_step(*s, batches);
@@ -281,11 +284,11 @@ class Trainer {
     const double gnorm = v[1];
     const GlobalStats all = gather_step_stats(s.mine, comm_.get(), world_, s.step - 1);
     const std::string anomaly = telemetry_.check_step({s.step, all.loss, gnorm, s.lr, all.batch_hash}, batches, data_.sources);
-    update_->update(anomaly, all.loss, gnorm, s.lr);
+    step_update_->update(anomaly, all.loss, gnorm, s.lr);
     if (progress_.step < s.step) profiler_->after_step(++progress_.step);  // read at once: counted here
     progress_.tokens += all.targets;
     const double step_s = s.seconds >= 0 ? s.seconds : seconds_since(s.t0);
-    ckpt_->step_done(step_s);  // measures an in-flight save's real stall
+    checkpointer_->step_done(step_s);  // measures an in-flight save's real stall
     telemetry_.add_step({all.loss, all.z_loss, step_s, all.wait_max_ms, all.targets, all.pad, all.inputs, s.mine.flops,
                          s.step > progress_.start_step + 1});
     if (s.step % cfg_.log.every_steps == 0 || s.step == cfg_.train.max_steps)
@@ -313,41 +316,41 @@ class Trainer {
     return true;
   }
 
-  bool eval_due(int64_t step) const { return (eval_ || tasks_) && cfg_.eval.due(step, cfg_.train.max_steps); }
+  bool eval_due(int64_t step) const { return (validation_ || task_eval_) && cfg_.eval.due(step, cfg_.train.max_steps); }
   // The validation loss (and, with EMA, the EMA weights' loss: swapped in, fenced by the EMA), and
   // the downstream tasks' scores (the trained weights). Whatever the parallelism, the forwards read
   // the weights as the step's do (ZeRO-3 gathers them unit by unit inside them).
   void evaluate() {
-    if (tasks_) score_tasks();
-    if (!eval_) return;
-    const double loss = eval_->mean_loss(m_.model, comm_.get());
+    if (task_eval_) score_tasks();
+    if (!validation_) return;
+    const double loss = validation_->mean_loss(model_parts_.model, comm_.get());
     double ema_loss = std::nan("");
-    if (m_.ema) ema_loss = m_.with_ema_weights([&] { return eval_->mean_loss(m_.model, comm_.get()); });
-    telemetry_.val_record(progress_.step, eval_->dir(), eval_->split(), loss, ema_loss);
+    if (model_parts_.ema) ema_loss = model_parts_.with_ema_weights([&] { return validation_->mean_loss(model_parts_.model, comm_.get()); });
+    telemetry_.val_record(progress_.step, validation_->dir(), validation_->split(), loss, ema_loss);
   }
 
-  void score_tasks() { telemetry_.task_record(progress_.step, tasks_->score(m_.model, comm_.get())); }
+  void score_tasks() { telemetry_.task_record(progress_.step, task_eval_->score(model_parts_.model, comm_.get())); }
 
   // ---- checkpoints ----------------------------------------------------------------------------
   void save() {
-    ckpt_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
+    checkpointer_->save(state_.snapshot(progress_.step, run_facts(to_yaml(cfg_), cfg_.model, vocab_, data_.version)));
     log_saves();
   }
-  void save_and_wait() { save(), ckpt_->wait(), log_saves(); }
+  void save_and_wait() { save(), checkpointer_->wait(), log_saves(); }
   // A step's data failed: the step before it (its deferred update read) checkpointed, unless saved
   // or loaded already, with the loader back at the failed step's first micro-batch.
   void keep_last_whole_step() {
-    if (auto prev = update_->take()) read_step(*prev, prev->kept);
-    if (reading_) loader_->rewind_to(step_->batches_before());  // (not when validation failed after a step)
-    if (ckpt_->last_save_step() != progress_.step) save();
-    ckpt_->wait();
+    if (auto prev = step_update_->take()) read_step(*prev, prev->kept);
+    if (reading_) loader_->rewind_to(forward_backward_->batches_before());  // (not when validation failed after a step)
+    if (checkpointer_->last_save_step() != progress_.step) save();
+    checkpointer_->wait();
     log_saves();
   }
 
   // Errors of the background writers (checkpoint writer, metrics sink) arrive here, on the training
   // thread (checkpoint.on_error decides); finished saves are recorded.
   void log_saves() {
-    ckpt_->report(telemetry_.take_error(), [&](const SaveReport& r) {
+    checkpointer_->report(telemetry_.take_error(), [&](const SaveReport& r) {
       telemetry_.save_record({r.step, r.dir, r.async, r.block_ms, r.write_ms, r.mb, r.steal_ms});
     });
   }
@@ -361,11 +364,11 @@ class Trainer {
   data::TrainData data_;
   std::unique_ptr<SourceTokens> source_tokens_;
   std::unique_ptr<data::Loader> loader_;
-  std::unique_ptr<Evaluator> eval_;
-  std::unique_ptr<TaskEvaluator> tasks_;  // eval.tasks
+  std::unique_ptr<Evaluator> validation_;
+  std::unique_ptr<TaskEvaluator> task_eval_;  // eval.tasks
   int64_t vocab_ = 0;  // padded
   // Model and state.
-  ModelParts m_;  // model, flat parameters, parallelism, optimizer, EMA
+  ModelParts model_parts_;  // model, flat parameters, parallelism, optimizer, EMA
   RngStreams rng_;
   Progress progress_;
   LrSchedule schedule_;
@@ -373,13 +376,13 @@ class Trainer {
   StateRegistry state_;
   // Distributed, checkpoints, telemetry.
   std::unique_ptr<Comm> comm_;
-  std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   ResumePoint resume_;
   RunTelemetry telemetry_;
   std::unique_ptr<StepProfiler> profiler_;
   // The step.
-  std::unique_ptr<ForwardBackward> step_;  // its device work
-  std::unique_ptr<StepUpdate> update_;     // its update, and the step left unread
+  std::unique_ptr<ForwardBackward> forward_backward_;  // its device work
+  std::unique_ptr<StepUpdate> step_update_;     // its update, and the step left unread
   bool stopped_ = false;
   bool reading_ = false;  // the step's micro-batches are being read and computed
 };

@@ -15,7 +15,7 @@
 #include "models/hf.h"
 #include "models/llama.h"
 #include "tests/testutil.h"
-#include "trainer/export/hf_dir.h"
+#include "trainer/hf/hf_dir.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "run/config/config.h"
 #include "trainer/generate/generate.h"

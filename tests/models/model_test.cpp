@@ -1,5 +1,7 @@
 // The gpt model, flat parameters, AdamW, the LR schedule, safetensors and sampling.
 #include <gtest/gtest.h>
+
+#include "common/test_hooks.h"
 #include <torch/torch.h>
 
 #include <cmath>
@@ -94,8 +96,7 @@ TEST(CpuKernels, FollowAtensCapabilityAndTheKernelSwitch) {
   const bool portable = cap != nullptr && std::string(cap) == "default";
   const bool cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   EXPECT_STREQ(cpu_kernels_isa(), portable || !cpu_avx2 ? "portable" : "avx2");
-  const char* mkldnn = std::getenv("LM_TEST_MKLDNN");
-  EXPECT_EQ(at::globalContext().userEnabledMkldnn(), !(mkldnn != nullptr && std::string(mkldnn) == "0"));
+  EXPECT_EQ(at::globalContext().userEnabledMkldnn(), !test_hooks().mkldnn_off);
   std::cerr << "fused CPU kernels: " << cpu_kernels_isa() << ", ATEN_CPU_CAPABILITY " << (cap ? cap : "(unset)")
             << ", oneDNN " << (at::globalContext().userEnabledMkldnn() ? "on" : "off") << "\n";
 }

@@ -1,13 +1,13 @@
 // build/bin/export --run RUN_DIR --format hf OUT_DIR [--weights FILE]
 //
 // Writes the run's weights as a Hugging Face model directory (model.safetensors with HF names,
-// config.json for transformers, the tokenizer model): see trainer/export/hf_dir.h.
+// config.json for transformers, the tokenizer model): see trainer/hf/hf_dir.h.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
 #include "common/errors.h"
-#include "trainer/export/hf_dir.h"
+#include "trainer/hf/hf_dir.h"
 #include "run/config/config.h"
 #include "run/run_dir.h"
 

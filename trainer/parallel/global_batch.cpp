@@ -6,6 +6,7 @@
 #include "common/checksum.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/test_hooks.h"
 #include "data/loader/loader.h"
 
 namespace lm {
@@ -72,10 +73,8 @@ torch::Tensor TreeSum::finish() {
 Combine pick_combine(int world) {
   if (world <= 1) return Combine::kNone;
   const bool doubling_fits = power_of_two(world);
-  if (const char* v = std::getenv("LM_INVARIANT_COMBINE"); v && *v) {
-    const std::string s = v;
+  if (const std::string& s = test_hooks().invariant_combine; !s.empty()) {
     if (s == "all-gather") return Combine::kAllGather;
-    if (s != "doubling") throw ConfigError("LM_INVARIANT_COMBINE=" + s + ": expected all-gather or doubling");
     if (!doubling_fits)
       throw ConfigError(strf("LM_INVARIANT_COMBINE=doubling needs a power-of-two world size, got %d", world));
     return Combine::kDoubling;

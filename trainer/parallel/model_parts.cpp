@@ -10,8 +10,9 @@
 #include "models/attention.h"
 #include "models/build.h"
 #include "models/registry.h"
-#include "trainer/export/hf_dir.h"
+#include "trainer/hf/hf_dir.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/parallel/transform.h"
 
 namespace lm {
 
@@ -28,6 +29,9 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   // holds every weight, not even at the start. Nothing may draw from the default generator between
   // the build and init_weights (the values are then build_model's on every rank).
   m.model = build_model_deferred(cfg.model, vocab, device);
+  // Tensor, expert or pipeline parallelism changes the module here, before the flat layout
+  // (transform.h; none configured yet).
+  apply_model_transforms(*m.model, model_transforms(cfg), {comm, rank, world});
   m.flat = std::make_unique<FlatParams>(*m.model, path);
   m.parallel = make_parallelism({cfg.dist, comm, *m.flat, *m.model, rank, world, seed, cfg.train.grad_accum,
                                  cfg.train.micro_batch_size, optimizer_kind(cfg.optim.name).whole_params});

@@ -13,57 +13,57 @@
 namespace lm {
 
 ForwardBackward::ForwardBackward(Parts p)
-    : p_(std::move(p)), uploader_(p_.device), bf16_(p_.train->bf16()),
+    : p_(std::move(p)), uploader_(p_.runtime.device), bf16_(p_.config.train->bf16()),
       fault_nan_step_(test_hooks().nan_step) {}
 
 RankStats ForwardBackward::run(std::vector<data::Batch>& batches, int64_t step, torch::Tensor* stats) {
-  const int64_t accum = p_.train->grad_accum;
+  const int64_t accum = p_.config.train->grad_accum;
   RankStats mine;
   std::vector<uint64_t> hashes;
-  batches_before_ = p_.loader->state().batches;
+  batches_before_ = p_.data.loader->state().batches;
   for (int64_t m = 0; m < accum; ++m) {  // the micro-batches first: their token count normalises the loss
-    if (!p_.reuse_batch || batches[m].rows == 0) {
-      batches[m] = p_.loader->next();
-      mine.wait_ms += p_.loader->last_wait_ms();
-      p_.source_tokens->add(batches[m]);
+    if (!p_.config.reuse_batch || batches[m].rows == 0) {
+      batches[m] = p_.data.loader->next();
+      mine.wait_ms += p_.data.loader->last_wait_ms();
+      p_.data.source_tokens->add(batches[m]);
     }
     mine.targets += batches[m].target_tokens;
     mine.pad += batches[m].pad_tokens;
     mine.inputs += batches[m].rows * batches[m].cols;
     mine.flops += static_cast<double>(batches[m].rows * batches[m].cols - batches[m].pad_tokens) *
-                  flops_per_token(*p_.model_cfg, p_.vocab, batches[m].cols);  // real tokens at this length
+                  flops_per_token(*p_.config.model, p_.runtime.vocab, batches[m].cols);  // real tokens at this length
     hashes.push_back(batches[m].hash);
   }
   mine.hash = accum == 1 ? hashes[0] : xxh64(hashes.data(), hashes.size() * sizeof(uint64_t));
-  const double global_targets = global_target_tokens(mine.targets, p_.packed, p_.comm, p_.world);
-  p_.flat->zero_grad();
-  const auto on_device = torch::TensorOptions().device(p_.device);
+  const double global_targets = global_target_tokens(mine.targets, p_.config.packed, p_.runtime.comm, p_.runtime.world);
+  p_.model.flat->zero_grad();
+  const auto on_device = torch::TensorOptions().device(p_.runtime.device);
   std::vector<torch::Tensor> losses, z_losses;  // per micro-batch; added up as the parallelism does it
   for (int64_t m = 0; m < accum; ++m) {
     auto& b = batches[m];
     auto x = uploader_.upload(b.inputs, b.rows, b.cols);  // (B, T) int64
     auto y = uploader_.upload(b.targets, b.rows, b.cols);
     const MicroStep micro{step + 1, m, accum};
-    p_.parallel->before_backward(micro);
-    if (bf16_) compat::set_autocast(p_.device, true);
+    p_.model.parallel->before_backward(micro);
+    if (bf16_) compat::set_autocast(p_.runtime.device, true);
     // optim.z_loss 0: terms.z undefined and terms.ce is loss_sum(), the one loss back-propagated as before.
-    auto terms = b.rows > 0 ? p_.model->loss_terms(x, y) : LossTerms{torch::zeros({}, on_device), {}};
+    auto terms = b.rows > 0 ? p_.model.lm->loss_terms(x, y) : LossTerms{torch::zeros({}, on_device), {}};
     auto loss = terms.ce;
-    if (bf16_) compat::set_autocast(p_.device, false);
+    if (bf16_) compat::set_autocast(p_.runtime.device, false);
     if (step + 1 == fault_nan_step_) loss = loss * std::nan("");  // fault injection (tests): a non-finite step
     if (b.rows > 0) ((terms.z.defined() ? loss + terms.z : loss) / global_targets).backward();
     if (bf16_) compat::clear_autocast_cache();
-    p_.parallel->after_micro_backward(micro);
+    p_.model.parallel->after_micro_backward(micro);
     losses.push_back(loss.detach());
     if (terms.z.defined()) z_losses.push_back(terms.z.detach());
   }
-  const torch::Tensor loss_sum = p_.parallel->sum_losses(losses);
+  const torch::Tensor loss_sum = p_.model.parallel->sum_losses(losses);
   torch::Tensor z_sum;  // optim.z_loss only
-  if (p_.z_loss) z_sum = z_losses.empty() ? torch::zeros({}, on_device) : p_.parallel->sum_losses(z_losses);
-  p_.parallel->after_backward(step + 1);
-  const auto norm = p_.parallel->grad_norm(step + 1);  // undefined: taken from the flat gradients
-  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.flat, p_.grad_clip, norm).to(torch::kDouble)});
-  if (p_.z_loss) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
+  if (p_.config.z_loss) z_sum = z_losses.empty() ? torch::zeros({}, on_device) : p_.model.parallel->sum_losses(z_losses);
+  p_.model.parallel->after_backward(step + 1);
+  const auto norm = p_.model.parallel->grad_norm(step + 1);  // undefined: taken from the flat gradients
+  *stats = torch::stack({loss_sum.to(torch::kDouble), clip_grad_norm(*p_.model.flat, p_.config.grad_clip, norm).to(torch::kDouble)});
+  if (p_.config.z_loss) *stats = torch::cat({*stats, z_sum.to(torch::kDouble).reshape({1})});
   return mine;
 }
 

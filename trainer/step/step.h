@@ -29,24 +29,31 @@ namespace lm {
 class ForwardBackward {
  public:
   // Everything it reads or writes; each outlives it. comm: nullptr on one rank.
+  // What a step is made from, by section; each outlives it.
   struct Parts {
-    const TrainConfig* train;      // grad_accum, dtype
-    const ModelConfig* model_cfg;  // the FLOPs per token of a batch's length
-    // The facts of other sections it reads: data.reuse_batch, data.mode=packed (the targets are
-    // counted over every rank), optim.grad_clip, optim.z_loss > 0 (the z-loss is summed apart).
-    bool reuse_batch;
-    bool packed;
-    double grad_clip;
-    bool z_loss;
-    LM model;
-    FlatParams* flat;
-    data::Loader* loader;
-    SourceTokens* source_tokens;
-    Comm* comm;
-    Parallelism* parallel;
-    torch::Device device;
-    int world;
-    int64_t vocab;
+    struct Config {  // the facts of the config it reads
+      const TrainConfig* train = nullptr;      // grad_accum, dtype
+      const ModelConfig* model = nullptr;      // the FLOPs per token of a batch's length
+      bool reuse_batch = false;                // data.reuse_batch
+      bool packed = true;                      // data.mode=packed: the targets are counted over every rank
+      double grad_clip = 0;                    // optim.grad_clip
+      bool z_loss = false;                     // optim.z_loss > 0: the z-loss is summed apart
+    } config;
+    struct Model {  // the model and who spreads its gradients (model_parts.h)
+      LM lm{nullptr};
+      FlatParams* flat = nullptr;
+      Parallelism* parallel = nullptr;
+    } model;
+    struct Data {  // where the batches come from, and the per-source token counts
+      data::Loader* loader = nullptr;
+      SourceTokens* source_tokens = nullptr;
+    } data;
+    struct Runtime {  // where it runs
+      Comm* comm = nullptr;
+      torch::Device device = torch::kCPU;
+      int world = 1;
+      int64_t vocab = 0;  // padded
+    } runtime;
   };
   explicit ForwardBackward(Parts p);
 

@@ -19,7 +19,7 @@
 #include "tests/testutil.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "run/config/config.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 #include "run/run_dir.h"
 
 namespace lm {

@@ -9,11 +9,12 @@
 #include <tuple>
 #include <torch/torch.h>
 
+#include "common/test_hooks.h"
 #include "common/torch/compat.h"
 #include "tests/testutil.h"
 #include "models/build.h"
 #include "models/gpt.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/runtime/device.h"
 #include "trainer/telemetry/mfu.h"
@@ -110,7 +111,7 @@ TEST(Device, MeasuredPeakIsNeverBelowAnSgemmOfTheProcess) {
   EXPECT_DOUBLE_EQ(stale.flops, 1e6);
   EXPECT_TRUE(stale.refresh(0)) << "due: measured, and the best is far above 1e6";
   EXPECT_GE(stale.flops, best_sgemm_flops());
-  unsetenv("LM_TEST_PEAK_TFLOPS");  // the measured start, not the suite's fixed peak (tests/CMakeLists.txt)
+  set_test_hook("LM_TEST_PEAK_TFLOPS", "");  // the measured start, not the suite's fixed peak (tests/CMakeLists.txt)
   const MfuPeak start = mfu_peak(0, "", "fp32", torch::Device(torch::kCPU));
   EXPECT_TRUE(start.measured);
   EXPECT_GE(start.flops, best_sgemm_flops()) << "the start's peak is the best measured in the process";

@@ -14,7 +14,7 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "models/registry.h"
 #include "run/config/config.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 #include "trainer/parallel/zero1.h"
 #include "trainer/parallel/zero2.h"
 #include "trainer/optim/adamw.h"

@@ -15,7 +15,7 @@
 #include "models/registry.h"
 #include "tests/testutil.h"
 #include "run/config/config.h"
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 
 namespace lm {
 namespace {

@@ -1,5 +1,5 @@
 // Hugging Face model directories (see hf_dir.h).
-#include "trainer/export/hf_dir.h"
+#include "trainer/hf/hf_dir.h"
 
 #include <nlohmann/json.hpp>
 

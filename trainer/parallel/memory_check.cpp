@@ -1,5 +1,5 @@
 // The up-front memory estimate (see memory_check.h).
-#include "trainer/step/memory_check.h"
+#include "trainer/parallel/memory_check.h"
 
 #include "common/errors.h"
 #include "common/log.h"
