@@ -35,7 +35,6 @@ const std::vector<TestHookInfo>& test_hook_list() {
       {"LM_FAULT_KILL_IN_SAVE", "<step>: SIGKILL inside that step's checkpoint save, after its first file"},
       {"LM_FAULT_NAN_STEP", "<step>: that step's loss and gradients are NaN"},
       {"LM_ZERO_REDUCE_SCATTER", "1: ZeRO on Gloo takes the reduce-scatter path (an all-reduce of a copy, the owned pieces kept)"},
-      {"LM_TEST_WEIGHTS_RESIDENT", "1: ZeRO-3 logs the most bytes of the weights it held at once"},
       {"LM_TEST_PEAK_TFLOPS", "<x>: the CPU MFU peak is x TFLOP/s, no SGEMM measured at start"},
       {"LM_TEST_MKLDNN", "0: oneDNN off in the process (bf16 products on LibTorch's fallback gemm)"},
       {"LM_INVARIANT_COMBINE", "all-gather|doubling: how dist.invariant's ranks combine their sums"},
@@ -48,7 +47,6 @@ bool set_test_hook(const std::string& name, const std::string& v) {
   if (name == "LM_FAULT_KILL_IN_SAVE") h.kill_in_save_step = v.empty() ? 0 : hook_integer(name, v);
   else if (name == "LM_FAULT_NAN_STEP") h.nan_step = v.empty() ? 0 : hook_integer(name, v);
   else if (name == "LM_ZERO_REDUCE_SCATTER") h.emulate_reduce_scatter = hook_flag(name, v, "1");
-  else if (name == "LM_TEST_WEIGHTS_RESIDENT") h.measure_weights_resident = hook_flag(name, v, "1");
   else if (name == "LM_TEST_PEAK_TFLOPS") {
     char* end = nullptr;
     const double x = v.empty() ? 0 : std::strtod(v.c_str(), &end);

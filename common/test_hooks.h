@@ -24,9 +24,6 @@ struct TestHooks {
   // (an all-reduce of a copy, only the owned pieces kept: trainer/parallel/), so the NCCL path's
   // arithmetic runs on the CPU.
   bool emulate_reduce_scatter = false;
-  // LM_TEST_WEIGHTS_RESIDENT=1: a strategy that releases the weights between uses logs the most
-  // bytes of them it held at once (trainer/parallel/zero3.cpp).
-  bool measure_weights_resident = false;
   // LM_TEST_PEAK_TFLOPS=<x>: the CPU MFU peak is x TFLOP/s instead of an SGEMM measured at start
   // (trainer/telemetry/mfu.cpp), which costs each of the suite's short trainer processes ~0.5 s.
   double peak_tflops = 0;

@@ -256,6 +256,21 @@ inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
 #endif
 }
 
+// A storage's memory handed back to its allocator while every tensor and view of it (a module's
+// parameters, what autograd saved of them) keeps pointing at the storage, holding nothing; and
+// allocated again, its tensors then reading the new memory (PyTorch FSDP's storage resize to 0). No
+// version counter moves. The same calls on CPU and CUDA storages, in LibTorch 1.13 and 2.x.
+inline void release_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->data_ptr().device()));
+  s->set_nbytes(0);
+}
+inline void allocate_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
 // Autograd's owning pointer to a graph node (torch::autograd::Node): std::shared_ptr<Node> up to 2.13,
 // c10::intrusive_ptr<Node> from 2.14 (PyTorch PR #181782; Tensor::grad_fn() and Edge::function too).
 // Deduced from grad_accumulator's return type, so no version number is guessed; both have get(),

@@ -14,7 +14,7 @@ ComponentState ModuleState::state() const {
   if (part_) {  // the slices, and each parameter's shape for readers that put them together (weights_reader.h)
     nlohmann::json shapes = nlohmann::json::object();
     for (const auto& [name, t] : module_tensors(m_)) shapes[name] = t.sizes().vec();
-    return {{{"shapes", shapes}}, flat_slices(*flat_, *part_, flat_->params(), "", /*indexed=*/true)};
+    return {{{"shapes", shapes}}, flat_slices(*flat_, *part_, flat_->params(), "", /*indexed=*/!flat_->weights_packed())};
   }
   return {{}, module_tensors(m_)};
 }
@@ -32,7 +32,7 @@ void ModuleState::load_state(const ComponentState* st) {
     };
     ComponentState in{st->values, checked(st->tensors)};
     for (const auto& read : st->shards) in.shards.push_back([&read, &checked] { return checked(read()); });
-    return load_flat_values(*flat_, flat_->params(), in, what_, only);
+    return load_flat_values(*flat_, flat_->params(), in, what_, only, /*packed=*/flat_->weights_packed());
   }
   const NamedTensors all = st->all_tensors();
   for (const auto& [name, t] : all)

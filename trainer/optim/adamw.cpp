@@ -28,9 +28,9 @@ AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector
   // Gradients in pieces (GradPath::pieces): packed as the moments are, the owned ranges one after another.
   TORCH_CHECK(!flat.path().pieces || (sharded_ && flat.grad_pieces().numel() == state),
               "AdamW: gradients in pieces need the same owned ranges as the moments");
-  m_ = torch::zeros({state}, flat.params().options());
-  v_ = torch::zeros({state}, flat.params().options());
-  fused_ = resolve_fused(cfg, flat.params().is_cuda());
+  m_ = torch::zeros({state}, flat.options());
+  v_ = torch::zeros({state}, flat.options());
+  fused_ = resolve_fused(cfg, flat.options().device().is_cuda());
   TORCH_CHECK(fused_ || !(flat.path().free_grads || flat.path().clip_in_step),
               "AdamW: free or in-step clipped gradients need the fused AdamW (resolve_grad_path refuses them)");
 }
@@ -59,6 +59,7 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
       const float fdecay = seg.decay ? 1.0 - lr * wd : 1.0f;
       const int64_t shift = seg.state_offset - seg.offset;  // flat index -> moment index
       const int64_t gshift = packed ? shift : 0;  // flat index -> gradient index
+      const int64_t pshift = flat_.weight_index(seg.offset) - seg.offset;  // flat index -> weight index
       at::parallel_for(seg.offset, seg.offset + seg.numel, 1 << 15, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const int64_t j = i + shift;
@@ -66,7 +67,7 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
           float vi = fb2 * vp[j] + omb2 * gp[i + gshift] * gp[i + gshift];
           mp[j] = mi;
           vp[j] = vi;
-          pp[i] = pp[i] * fdecay - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
+          pp[i + pshift] = pp[i + pshift] * fdecay - fss * mi / (std::sqrt(vi) * finv_bc2 + feps);
         }
       });
     }
@@ -75,11 +76,11 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard ng;
   if (wd > 0)
     for (const auto& seg : segments_)
-      if (seg.decay) p.narrow(0, seg.offset, seg.numel).mul_(1.0 - lr * wd);
+      if (seg.decay) p.narrow(0, flat_.weight_index(seg.offset), seg.numel).mul_(1.0 - lr * wd);
   int64_t state = 0;
   for (const auto& r : owned_) {  // unsharded: one range, the whole buffer
     auto m = m_.narrow(0, state, r.numel), v = v_.narrow(0, state, r.numel);
-    auto pr = p.narrow(0, r.offset, r.numel), gr = g.narrow(0, packed ? state : r.offset, r.numel);
+    auto pr = p.narrow(0, flat_.weight_index(r.offset), r.numel), gr = g.narrow(0, packed ? state : r.offset, r.numel);
     m.mul_(b1).add_(gr, 1 - b1);
     v.mul_(b2).addcmul_(gr, gr, 1 - b2);
     pr.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), -step_size);
@@ -105,7 +106,7 @@ void AdamW::fused_step(double lr, const torch::Tensor& found_inf) {
   for (int decay = 0; decay < 2; ++decay) {
     std::vector<torch::Tensor> ps, gs, ms, vs, ts;
     auto add = [&](int64_t offset, int64_t numel, int64_t state_offset, const torch::Tensor& g) {
-      ps.push_back(p.narrow(0, offset, numel));
+      ps.push_back(p.narrow(0, flat_.weight_index(offset), numel));
       gs.push_back(g);
       ms.push_back(m_.narrow(0, state_offset, numel));
       vs.push_back(v_.narrow(0, state_offset, numel));

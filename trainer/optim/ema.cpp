@@ -15,8 +15,10 @@ Ema::Ema(FlatParams& flat, double decay, std::optional<std::vector<FlatRange>> p
     ema_ = flat.params().clone();
     return;
   }
-  ema_ = torch::empty_like(flat.params());  // pages outside the part never touched
-  for (const auto& r : ranges()) ema_.narrow(0, r.offset, r.numel).copy_(flat.params().narrow(0, r.offset, r.numel));
+  // Laid out as the weights: with weights in pieces packed as they are, else the whole buffer's
+  // layout (the pages outside the part never touched).
+  ema_ = torch::empty_like(flat.params());
+  for (const auto& r : ranges()) at(ema_, r).copy_(at(flat.params(), r));
 }
 
 void Ema::update(const torch::Tensor& found_inf) {
@@ -29,15 +31,17 @@ void Ema::update(const torch::Tensor& found_inf) {
     const float w = static_cast<float>(1.0 - decay_);
     float* e = ema_.data_ptr<float>();
     const float* p = flat_.params().data_ptr<float>();
-    for (const auto& r : ranges())
-      at::parallel_for(r.offset, r.offset + r.numel, 1 << 16, [&](int64_t a, int64_t b) {
+    for (const auto& r : ranges()) {
+      const int64_t first = flat_.weight_index(r.offset);
+      at::parallel_for(first, first + r.numel, 1 << 16, [&](int64_t a, int64_t b) {
         for (int64_t i = a; i < b; ++i) e[i] = w < 0.5f ? e[i] + w * (p[i] - e[i]) : p[i] - (p[i] - e[i]) * (1.0f - w);
       });
+    }
     return;
   }
   for (const auto& r : ranges()) {
-    auto e = ema_.narrow(0, r.offset, r.numel);
-    const auto p = flat_.params().narrow(0, r.offset, r.numel);
+    auto e = at(ema_, r);
+    const auto p = at(flat_.params(), r);
     if (!found_inf.defined()) e.lerp_(p, 1.0 - decay_);
     else e.lerp_(p, (1.0 - found_inf) * (1.0 - decay_));  // weight 0 where the step was skipped
   }
@@ -46,7 +50,7 @@ void Ema::update(const torch::Tensor& found_inf) {
 ComponentState Ema::state() const {
   ComponentState st;
   if (part_) {
-    st.tensors = flat_slices(flat_, *part_, ema_, "", /*indexed=*/true);
+    st.tensors = flat_slices(flat_, *part_, ema_, "", /*indexed=*/!flat_.weights_packed());
     return st;
   }
   for (const auto& e : flat_.entries()) st.tensors.emplace_back(e.name, ema_.narrow(0, e.offset, e.numel));
@@ -56,10 +60,10 @@ ComponentState Ema::state() const {
 void Ema::load_state(const ComponentState* st) {
   torch::NoGradGuard ng;
   if (!st || (st->tensors.empty() && st->shards.empty())) {
-    for (const auto& r : ranges()) ema_.narrow(0, r.offset, r.numel).copy_(flat_.params().narrow(0, r.offset, r.numel));
+    for (const auto& r : ranges()) at(ema_, r).copy_(at(flat_.params(), r));
     return;
   }
-  load_flat_values(flat_, ema_, *st, "ema state", part_ ? &*part_ : nullptr);
+  load_flat_values(flat_, ema_, *st, "ema state", part_ ? &*part_ : nullptr, /*packed=*/flat_.weights_packed());
 }
 
 }  // namespace lm

@@ -25,7 +25,7 @@ class Ema : public Stateful {
   void update(const torch::Tensor& found_inf = {});
   // Asked before the EMA or (swapping) the parameters are written (nullptr: none).
   void set_fence(WriteFence* f) { fence_ = f; }
-  // The average, (numel,) laid out as flat.params() (updated in place, never replaced).
+  // The average, laid out as flat.params() (updated in place, never replaced).
   const torch::Tensor& values() const { return ema_; }
   // Runs fn() with the EMA weights in place of the model's, then puts the model's back: the ranges
   // of its part (the pieces a rank keeps of weights it keeps in parts, ZeRO-3: the others are
@@ -37,17 +37,17 @@ class Ema : public Stateful {
     const std::vector<FlatRange> ranges = this->ranges();
     std::vector<torch::Tensor> saved;
     for (const auto& r : ranges) {
-      saved.push_back(flat_.params().narrow(0, r.offset, r.numel).clone());
-      flat_.params().narrow(0, r.offset, r.numel).copy_(ema_.narrow(0, r.offset, r.numel));
+      saved.push_back(at(flat_.params(), r).clone());
+      at(flat_.params(), r).copy_(at(ema_, r));
     }
     struct Restore {
-      torch::Tensor& p;
+      const Ema& self;
       const std::vector<FlatRange>& ranges;
       std::vector<torch::Tensor>& saved;
       ~Restore() {
-        for (size_t i = 0; i < ranges.size(); ++i) p.narrow(0, ranges[i].offset, ranges[i].numel).copy_(saved[i]);
+        for (size_t i = 0; i < ranges.size(); ++i) self.at(self.flat_.params(), ranges[i]).copy_(saved[i]);
       }
-    } restore{flat_.params(), ranges, saved};
+    } restore{*this, ranges, saved};
     return fn();
   }
   const std::optional<std::vector<FlatRange>>& part() const { return part_; }
@@ -62,6 +62,8 @@ class Ema : public Stateful {
   FlatParams& flat_;
   double decay_;
   WriteFence* fence_ = nullptr;
+  // Range r of the flat values in `t`, laid out as the weights (flat.weight_index).
+  torch::Tensor at(const torch::Tensor& t, FlatRange r) const { return t.narrow(0, flat_.weight_index(r.offset), r.numel); }
   // The ranges this average keeps: its part, or all of it.
   std::vector<FlatRange> ranges() const { return part_ ? *part_ : std::vector<FlatRange>{{0, flat_.numel()}}; }
   torch::Tensor ema_;  // (numel,) like flat_.params()

@@ -75,19 +75,25 @@ FlatParams::FlatParams(torch::nn::Module& module, GradPath path) : path_(path) {
     total += t.numel();
   }
   auto opts = named.size() ? named[0].value().options() : torch::TensorOptions();
-  params_ = torch::empty({total}, opts.requires_grad(false));
+  numel_ = total;
+  options_ = opts.requires_grad(false);
+  TORCH_CHECK(!path_.weight_pieces || path_.pieces, "FlatParams: weights in pieces need the gradients in pieces");
+  // Weights in pieces: no buffer of every value (keep_weight_pieces allocates the kept ones).
+  if (!path_.weight_pieces) params_ = torch::empty({total}, opts.requires_grad(false));
   const bool per_param = path_.free_grads || path_.pieces;
   if (!per_param) grads_ = torch::zeros({total}, opts.requires_grad(false));
   torch::NoGradGuard ng;
   for (size_t i = 0; i < order.size(); ++i) {
     auto& t = order[i];
     const auto& e = entries_[i];
-    auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
     const bool placeholder = is_placeholder(t);
-    if (!placeholder) pv.copy_(t);
     written_.push_back(!placeholder);
     index_[t.unsafeGetTensorImpl()] = i;
-    t.set_data(pv);
+    if (!path_.weight_pieces) {
+      auto pv = params_.narrow(0, e.offset, e.numel).view(t.sizes());
+      if (!placeholder) pv.copy_(t);
+      t.set_data(pv);
+    }
     if (per_param) t.mutable_grad().reset();
     else t.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(t.sizes());
     tensors_.push_back(t);
@@ -105,9 +111,31 @@ void FlatParams::write(const torch::Tensor& param, const torch::Tensor& values, 
   const std::vector<FlatRange> all = {{0, numel()}};
   for (const auto& r : keep ? *keep : all) {
     const int64_t a = std::max(r.offset, e.offset), b = std::min(r.offset + r.numel, e.offset + e.numel);
-    if (a < b) params_.narrow(0, a, b - a).copy_(v.narrow(0, a - e.offset, b - a));
+    if (a < b) params_.narrow(0, weight_index(a), b - a).copy_(v.narrow(0, a - e.offset, b - a));
   }
   written_[it->second] = 1;
+}
+
+void FlatParams::keep_weight_pieces(std::vector<FlatRange> ranges) {
+  TORCH_CHECK(path_.weight_pieces, "FlatParams::keep_weight_pieces: needs GradPath::weight_pieces");
+  TORCH_CHECK(!params_.defined(), "FlatParams::keep_weight_pieces: called twice");
+  int64_t n = 0;
+  for (const auto& r : ranges) weight_at_.push_back(n), n += r.numel;
+  weight_ranges_ = std::move(ranges);
+  params_ = torch::empty({n}, options_);
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < entries_.size(); ++i)  // values the parameters hold already (a module built whole)
+    if (written_[i]) write(tensors_[i], tensors_[i].detach(), &weight_ranges_);
+}
+
+int64_t FlatParams::weight_index(int64_t offset) const {
+  if (!path_.weight_pieces) return offset;
+  auto it = std::upper_bound(weight_ranges_.begin(), weight_ranges_.end(), offset,
+                             [](int64_t o, const FlatRange& r) { return o < r.offset; });
+  TORCH_CHECK(it != weight_ranges_.begin(), "FlatParams::weight_index: value ", offset, " is not kept here");
+  --it;
+  TORCH_CHECK(offset < it->offset + it->numel, "FlatParams::weight_index: value ", offset, " is not kept here");
+  return weight_at_[static_cast<size_t>(it - weight_ranges_.begin())] + (offset - it->offset);
 }
 
 std::vector<std::string> FlatParams::pending_names(size_t max) const {
@@ -128,7 +156,7 @@ void FlatParams::keep_grad_pieces(std::vector<FlatRange> ranges) {
   int64_t n = 0;
   for (const auto& r : ranges) n += r.numel;
   piece_ranges_ = std::move(ranges);
-  pieces_ = torch::zeros({n}, params_.options());
+  pieces_ = torch::zeros({n}, options_);
 }
 
 std::vector<torch::Tensor> FlatParams::grad_list() {
@@ -153,8 +181,8 @@ void FlatParams::zero_grad() {
 torch::Tensor flat_grad_norm(FlatParams& flat) {
   const bool free = flat.path().free_grads;
   TORCH_CHECK(!flat.path().pieces, "flat_grad_norm: gradients in pieces need the parallelism's norm");
-  if (!flat.params().is_cpu()) return free ? compat::global_norm(flat.grad_list()) : flat.grads().norm();
-  if (!free) return torch::full({}, FlatNorm::of(flat.grads()), flat.params().options());
+  if (!flat.options().device().is_cpu()) return free ? compat::global_norm(flat.grad_list()) : flat.grads().norm();
+  if (!free) return torch::full({}, FlatNorm::of(flat.grads()), flat.options());
   FlatNorm n;  // per-parameter gradients, fed at their offsets (an undefined one is zeros)
   n.reset();
   const auto& entries = flat.entries();
@@ -163,7 +191,7 @@ torch::Tensor flat_grad_norm(FlatParams& flat) {
     const auto& g = tensors[e].grad();
     if (g.defined()) n.add(entries[e].offset, g.contiguous().data_ptr<float>(), entries[e].numel);
   }
-  return torch::full({}, n.result(), flat.params().options());
+  return torch::full({}, n.result(), flat.options());
 }
 
 torch::Tensor clip_grad_norm(FlatParams& flat, double max_norm, torch::Tensor norm) {

@@ -32,6 +32,11 @@ struct GradPath {
   // tensors are handed to the parallelism's reductions and freed by it bucket by bucket (and by
   // zero_grad). Set from the parallelism's table (trainer/parallel/parallel.h grads_in_pieces).
   bool pieces = false;
+  // The parallelism keeps the weights of the ranges it names only, packed one after another in
+  // params() (keep_weight_pieces): no flat weight buffer of every value; the parameters themselves
+  // point into storages the parallelism allocates around each use (ZeRO-3's units). Set from the
+  // parallelism's table (trainer/parallel/parallel.h weights_in_pieces).
+  bool weight_pieces = false;
 };
 
 // Whether AdamW steps through at::_fused_adamw_ (optim.fused) for parameters on CUDA or the CPU.
@@ -71,8 +76,19 @@ class FlatParams {
   // Parameters that were placeholders and are not written yet (their names, at most `max` of them).
   bool values_pending() const { return std::find(written_.begin(), written_.end(), 0) != written_.end(); }
   std::vector<std::string> pending_names(size_t max = 3) const;
-  torch::Tensor& params() { return params_; }  // (numel,)
+  // The weights: (numel,) laid out as the entries, the parameters views of it; or with
+  // path().weight_pieces the kept ranges' values one after another (weight_index maps).
+  torch::Tensor& params() { return params_; }
   const torch::Tensor& params() const { return params_; }
+  // path().weight_pieces: only `ranges` (ascending, disjoint) of the weights are kept, packed in
+  // params() (allocated here: the values written so far, and those of parameters that are not
+  // placeholders, copied in); the parameters are left to whoever keeps them between uses.
+  void keep_weight_pieces(std::vector<FlatRange> ranges);
+  bool weights_packed() const { return path_.weight_pieces; }
+  const std::vector<FlatRange>& weight_piece_ranges() const { return weight_ranges_; }
+  // Where flat value `offset` sits in params(): at `offset`, or packed, its place among the kept
+  // ranges (REQUIRES: inside one).
+  int64_t weight_index(int64_t offset) const;
   // (numel,), params' .grad are views of it. REQUIRES: !path().free_grads and !path().pieces.
   torch::Tensor& grads();
   // path().pieces: the summed gradients of `ranges` (ascending, disjoint), packed one after another
@@ -85,7 +101,9 @@ class FlatParams {
   // Every parameter's .grad in entries() order (views of grads(), or the free tensors); a free
   // gradient that backward did not produce is set to zeros first (what the flat buffer holds).
   std::vector<torch::Tensor> grad_list();
-  int64_t numel() const { return params_.numel(); }
+  int64_t numel() const { return numel_; }  // every parameter's values, kept here or not
+  // The weights' dtype and device (whether or not this rank keeps a buffer of them).
+  const torch::TensorOptions& options() const { return options_; }
   const std::vector<Entry>& entries() const { return entries_; }
   // Maximal runs of entries with the same decay flag: {offset, numel, decay}.
   const std::vector<Entry>& decay_runs() const { return runs_; }
@@ -101,6 +119,10 @@ class FlatParams {
   GradPath path_;
   torch::Tensor params_, grads_, grad_scale_, pieces_;
   std::vector<FlatRange> piece_ranges_;
+  std::vector<FlatRange> weight_ranges_;  // path_.weight_pieces: the kept ranges of the weights
+  std::vector<int64_t> weight_at_;        // their offsets in params_
+  int64_t numel_ = 0;
+  torch::TensorOptions options_;
   std::vector<torch::Tensor> tensors_;  // the parameters, in entries() order
   std::vector<Entry> entries_, runs_;
   std::unordered_map<const void*, size_t> index_;  // parameter (TensorImpl) -> entry

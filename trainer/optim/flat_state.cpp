@@ -77,14 +77,14 @@ void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed
 }
 
 void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what,
-                      const std::vector<FlatRange>* only) {
+                      const std::vector<FlatRange>* only, bool packed) {
   const std::vector<FlatRange> ranges = only ? *only : std::vector<FlatRange>{{0, flat.numel()}};
   std::vector<int64_t> covered(ranges.size(), 0);
   auto take = [&](const NamedTensors& ts) {
     for (const auto& [name, t] : ts) {
       FlatSlice s;
       parse_flat_slice(flat, name, t, "", what, &s);
-      copy_flat_slice(ranges, values, s, t, &covered, /*indexed=*/true);
+      copy_flat_slice(ranges, values, s, t, &covered, /*indexed=*/!packed);
     }
   };
   take(st.tensors);

@@ -54,7 +54,8 @@ void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& values
 // at a time: ComponentState::shards) copied into `values`, laid out as the flat buffer: all of it,
 // or only the values in `only` (a rank that keeps its pieces: the rest of `values` is not touched).
 // Every value wanted must come exactly once: else CheckpointError naming `what` and the count.
+// packed: `values` holds `only`'s values one after another (weights kept in pieces) instead.
 void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what,
-                      const std::vector<FlatRange>* only = nullptr);
+                      const std::vector<FlatRange>* only = nullptr, bool packed = false);
 
 }  // namespace lm

@@ -55,9 +55,9 @@ Muon::Muon(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector<F
   }
   TORCH_CHECK(!flat.path().pieces || flat.grad_pieces().numel() == packed,
               "Muon: gradients in pieces need the same owned ranges as the optimizer");
-  mom_ = torch::zeros({mom}, flat.params().options());
-  m_ = torch::zeros({adam}, flat.params().options());
-  v_ = torch::zeros({adam}, flat.params().options());
+  mom_ = torch::zeros({mom}, flat.options());
+  m_ = torch::zeros({adam}, flat.options());
+  v_ = torch::zeros({adam}, flat.options());
 }
 
 int64_t Muon::state_bytes() const {
@@ -78,7 +78,7 @@ void Muon::step(double lr, const torch::Tensor& found_inf) {
   const double b1 = cfg_.beta1, b2 = cfg_.beta2;
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_)), bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t_)));
   for (const auto& q : params_) {
-    auto w = p.narrow(0, q.offset, q.numel);
+    auto w = p.narrow(0, flat_.weight_index(q.offset), q.numel);
     const auto gr = g.narrow(0, q.grad_offset, q.numel);
     if (q.rows > 0) {
       auto buf = mom_.narrow(0, q.state_offset, q.numel);

@@ -23,7 +23,7 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 }  // namespace
 
 std::vector<FlatRange> plan_buckets(const FlatParams& flat, double bucket_mb) {
-  const int64_t elem = static_cast<int64_t>(flat.params().element_size());
+  const int64_t elem = static_cast<int64_t>(flat.options().dtype().itemsize());
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1e6 / elem));
   std::vector<FlatRange> buckets;
   for (const auto& e : flat.entries()) {

@@ -21,6 +21,7 @@ ModelParts build_model_parts(const ExperimentConfig& cfg, int64_t vocab, int64_t
   // Refused before any allocation; a process group at world size 1 all-reduces the flat buffer too.
   GradPath path = resolve_grad_path(cfg.optim, device.is_cuda(), world, !cfg.dist.backend_auto());
   path.pieces = grads_in_pieces(cfg.dist, world, comm != nullptr);  // the parallelism keeps its pieces only
+  path.weight_pieces = weights_in_pieces(cfg.dist, world, comm != nullptr);
   const auto seed = static_cast<uint64_t>(cfg.run.seed);
   ModelParts m;
   rng.seed_shared(seed);  // identical init on every rank

@@ -21,7 +21,8 @@ struct Strategy {
   std::function<bool(const DistConfig&, int world, bool has_group)> applies;
   std::function<RankBytes(const DistConfig&, double n, double optimizer_per_param, int world, int64_t accum)> bytes;
   std::function<std::unique_ptr<Parallelism>(const ParallelInit&)> make;
-  bool grad_pieces = false;  // the gradients kept as this rank's pieces (GradPath::pieces)
+  bool grad_pieces = false;    // the gradients kept as this rank's pieces (GradPath::pieces)
+  bool weight_pieces = false;  // the weights kept as this rank's pieces (GradPath::weight_pieces)
 };
 
 RankBytes replicated(const DistConfig&, double n, double opt, int world, int64_t) {
@@ -89,7 +90,7 @@ const std::vector<Strategy>& strategies() {
                           strf("dist.zero=3 at %d ranks (weights, gradients and optimizer state 1/%d per rank between "
                                "steps%s)", world, world, invariant_note(d, accum).c_str())};
        },
-       [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }, /*grad_pieces=*/true},
+       [](const ParallelInit& in) { return std::make_unique<Zero3>(in); }, /*grad_pieces=*/true, /*weight_pieces=*/true},
       {"data_parallel", [](const DistConfig&, int, bool) { return true; }, replicated,
        [](const ParallelInit& in) { return std::make_unique<DataParallel>(in); }},
   };
@@ -122,6 +123,10 @@ RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimiz
 
 bool grads_in_pieces(const DistConfig& dist, int world, bool has_group) {
   return pick(dist, world, has_group).grad_pieces;
+}
+
+bool weights_in_pieces(const DistConfig& dist, int world, bool has_group) {
+  return pick(dist, world, has_group).weight_pieces;
 }
 
 }  // namespace lm

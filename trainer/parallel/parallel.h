@@ -122,5 +122,8 @@ RankBytes rank_bytes(const DistConfig& dist, int world, double n, double optimiz
 // Whether the strategy for this config and group keeps the gradients of its pieces only (no flat
 // gradient buffer: GradPath::pieces, trainer/optim/flat_params.h), asked before FlatParams is built.
 bool grads_in_pieces(const DistConfig& dist, int world, bool has_group);
+// Whether it keeps the weights of its pieces only, packed (GradPath::weight_pieces: no buffer of
+// every weight; the parameters point into storages it allocates around each use).
+bool weights_in_pieces(const DistConfig& dist, int world, bool has_group);
 
 }  // namespace lm

@@ -21,12 +21,12 @@ Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
     while (e < entries.size() && entries[e].offset < bucket.offset + bucket.numel) ++e;
     entries_of_.emplace_back(first, e);
   }
-  stream_norm_ = !reduce_scatter_ && flat_.params().is_cpu();
+  stream_norm_ = !reduce_scatter_ && flat_.options().device().is_cpu();
   if (init.dist.invariant) {
     batch_ = std::make_unique<GlobalBatch>(init);
     stash_.resize(layout_.buckets.size());
     combine_ = pick_combine(layout_.world);
-    stream_norm_ = flat_.params().is_cpu();  // every rank sees every bucket's sums (the all-gather)
+    stream_norm_ = flat_.options().device().is_cpu();  // every rank sees every bucket's sums (the all-gather)
   }
 }
 
@@ -34,7 +34,7 @@ torch::Tensor Zero2::bucket_sums(size_t i) {
   torch::NoGradGuard ng;
   const auto& bucket = layout_.buckets[i];
   // 0 + each gradient: what plain data parallelism's zeroed flat buffer holds after the backward.
-  auto sums = torch::zeros({bucket.numel}, flat_.params().options());
+  auto sums = torch::zeros({bucket.numel}, flat_.options());
   auto& tensors = flat_.tensors();
   const auto& entries = flat_.entries();
   for (size_t e = entries_of_[i].first; e < entries_of_[i].second; ++e) {
@@ -130,9 +130,9 @@ void Zero2::after_backward(int64_t step) {
 }
 
 torch::Tensor Zero2::grad_norm(int64_t step) {
-  if (stream_norm_) return torch::full({}, norm_.result(), flat_.params().options());
+  if (stream_norm_) return torch::full({}, norm_.result(), flat_.options());
   // From the pieces: their sums of squares all-reduced.
-  auto total = flat_.grad_pieces().numel() > 0 ? flat_.grad_pieces().pow(2).sum() : torch::zeros({}, flat_.params().options());
+  auto total = flat_.grad_pieces().numel() > 0 ? flat_.grad_pieces().pow(2).sum() : torch::zeros({}, flat_.options());
   comm_.all_reduce_sum(total, strf("all-reduce of the gradient norm's pieces at step %lld", (long long)step));
   return total.sqrt();
 }
@@ -157,7 +157,7 @@ std::string Zero2::invariant_line() const {
 std::string Zero2::describe(int64_t state_bytes, const std::string& what) const {
   const double owned = static_cast<double>(layout_.owned_numel()), all = static_cast<double>(flat_.numel());
   const double whole = owned > 0 ? static_cast<double>(state_bytes) * all / owned : 0;
-  const double elem = static_cast<double>(flat_.params().element_size());
+  const double elem = static_cast<double>(flat_.options().dtype().itemsize());
   return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu %s): "
               "gradients %.1f MB of %.1f MB, optimizer state %.1f MB of %.1f MB; gradients %s, norm %s, weights "
               "all-gathered after each update",

@@ -1,9 +1,6 @@
 // ZeRO-3: units gathered before use and released after, weights kept as pieces (see zero3.h).
 #include "trainer/parallel/zero3.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
@@ -13,7 +10,6 @@
 
 #include "common/errors.h"
 #include "common/log.h"
-#include "common/test_hooks.h"
 
 namespace lm {
 namespace {
@@ -44,12 +40,9 @@ void zero3_add_range(std::vector<FlatRange>& out, int64_t offset, int64_t numel)
 
 }  // namespace
 
-Zero3::Zero3(const ParallelInit& init)
-    : Zero2(init), lm_(dynamic_cast<LMImpl*>(&init.model)), measure_resident_(test_hooks().measure_weights_resident) {
+Zero3::Zero3(const ParallelInit& init) : Zero2(init), lm_(dynamic_cast<LMImpl*>(&init.model)) {
   if (!lm_) throw ConfigError("key 'dist.zero': 3 shards the weights of a language model's units (blocks and the rest); this module is none");
-  if (!flat_.params().is_cpu())
-    throw ConfigError("key 'dist.zero': 3 runs on the CPU only for now (its released weights' pages are handed back "
-                      "with madvise; on CUDA that needs the allocator's virtual memory): use dist.zero=1 there");
+  TORCH_CHECK(flat_.path().weight_pieces, "Zero3: the flat parameters need GradPath::weight_pieces (parallel.h weights_in_pieces)");
   // The units: each block's parameters, then the rest.
   std::map<const void*, size_t> unit_of_param;
   auto blocks = lm_->block_list();
@@ -59,65 +52,45 @@ Zero3::Zero3(const ParallelInit& init)
   units_.resize(blocks_ + 1);
   std::map<std::string, torch::Tensor> by_name;
   for (auto& p : model_.named_parameters()) by_name[p.key()] = p.value();
+  std::vector<int64_t> local_of_entry;  // where each entry sits in its unit's storage
   for (const auto& e : flat_.entries()) {
     auto it = unit_of_param.find(by_name.at(e.name).unsafeGetTensorImpl());
     const size_t u = it == unit_of_param.end() ? blocks_ : it->second;
+    auto& unit = units_[u];
     unit_of_entry_.push_back(u);
-    zero3_add_range(units_[u].ranges, e.offset, e.numel);
-    units_[u].numel += e.numel;
-    ++units_[u].params;
+    local_of_entry.push_back(unit.numel);
+    if (unit.ranges.empty() || unit.ranges.back().offset + unit.ranges.back().numel != e.offset) {
+      unit.ranges.push_back({e.offset, 0});
+      unit.range_at.push_back(unit.numel);
+    }
+    unit.ranges.back().numel += e.numel;
+    unit.numel += e.numel;
+    ++unit.params;
   }
-  // What each owner broadcasts into each unit: the unit's ranges cut by the bucket pieces, in flat
+  // What each owner broadcasts into each unit: the unit's ranges cut by the owners' ranges, in flat
   // order (the same list on every rank, so the collectives pair up).
   const auto& L = layout();
   for (auto& unit : units_)
-    for (const auto& r : unit.ranges)
+    for (size_t i = 0; i < unit.ranges.size(); ++i) {
+      const auto& r = unit.ranges[i];
       for (size_t b = 0; b < L.buckets.size(); ++b)
         for (int k = 0; k < L.world; ++k)
           for (const auto& p : L.ranges(b, k)) {
             const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
-            if (e > a) unit.sources.push_back({{a, e - a}, k});
+            if (e > a) unit.sources.push_back({{a, e - a}, unit.range_at[i] + (a - r.offset), k});
           }
-  // The flat buffer moved into our own mapping (no huge pages: released in 4 KiB pages), every
-  // parameter a view of it as before; the old buffer is freed with its last view.
-  page_ = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const int64_t n = flat_.numel();
-  const size_t bytes = std::max<size_t>(page_, (static_cast<size_t>(n) * sizeof(float) + page_ - 1) / page_ * page_);
-  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) throw Error(strf("zero-3: mmap of %zu bytes for the weights failed", bytes));
-  ::madvise(mem, bytes, MADV_NOHUGEPAGE);
-  base_ = static_cast<char*>(mem);
-  auto buffer = torch::from_blob(mem, {n}, [bytes](void* p) { ::munmap(p, bytes); }, flat_.params().options());
-  {
-    torch::NoGradGuard ng;
-    // Values written already (a module built whole) move with the buffer; a deferred build's are
-    // written after, each rank its pieces only (FlatParams::write): no page of the others' is touched.
-    if (!flat_.values_pending()) buffer.copy_(flat_.params());
-    for (const auto& e : flat_.entries()) {
-      auto& t = by_name.at(e.name);
-      t.set_data(buffer.narrow(0, e.offset, e.numel).view(t.sizes()));
     }
+  // This rank's pieces packed apart (the values written so far kept), then every parameter a view of
+  // its unit's storage, which holds memory only while the unit is gathered.
+  flat_.keep_weight_pieces(owned_);
+  torch::NoGradGuard ng;
+  for (auto& unit : units_) unit.store = torch::empty({unit.numel}, flat_.options());
+  const auto& entries = flat_.entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& t = by_name.at(entries[i].name);
+    t.set_data(units_[unit_of_entry_[i]].store.narrow(0, local_of_entry[i], entries[i].numel).view(t.sizes()));
   }
-  flat_.params() = buffer;
-  // The pages of each unit this rank may release: whole pages of its ranges holding no owned value.
-  const auto owned = layout().owned();
-  for (auto& unit : units_)
-    for (const auto& r : unit.ranges) {
-      std::vector<FlatRange> free;  // r minus the owned ranges
-      int64_t at = r.offset;
-      const int64_t end = r.offset + r.numel;
-      for (const auto& o : owned) {
-        if (o.offset + o.numel <= at || o.offset >= end) continue;
-        zero3_add_range(free, at, o.offset - at);
-        at = std::max(at, o.offset + o.numel);
-      }
-      zero3_add_range(free, at, end - at);
-      for (const auto& f : free) {
-        const size_t a = (static_cast<size_t>(f.offset) * sizeof(float) + page_ - 1) / page_ * page_;
-        const size_t e = static_cast<size_t>(f.offset + f.numel) * sizeof(float) / page_ * page_;
-        if (e > a) unit.spans.push_back({a, e - a});
-      }
-    }
+  for (auto& unit : units_) compat::release_storage(unit.store);
 }
 
 Zero3::~Zero3() {
@@ -138,17 +111,25 @@ void Zero3::start() {
   }
   lm_->unit_hooks = std::make_shared<Zero3UnitHooks>(this);
   whole_ = false;
-  for (size_t u = 0; u < units_.size(); ++u) units_[u].state = Unit::kGathered, gathered_ += units_[u].numel;
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
   gathered_ = peak_gathered_ = 0;
 }
 
 void Zero3::issue(size_t u) {
   auto& unit = units_[u];
   if (unit.state != Unit::kReleased) return;
-  auto& p = flat_.params();
-  for (const auto& [r, owner] : unit.sources)
-    unit.work.push_back(comm_.broadcast_async(p.narrow(0, r.offset, r.numel), owner));
+  compat::allocate_storage(unit.store, static_cast<size_t>(unit.numel) * unit.store.element_size());
+  torch::NoGradGuard ng;
+  auto& packed = flat_.params();
+  for (const auto& s : unit.sources) {
+    auto dst = unit.store.narrow(0, s.local, s.flat.numel);
+    if (s.owner != layout().rank) {
+      unit.work.push_back(comm_.broadcast_async(dst, s.owner));
+      continue;
+    }
+    auto mine = packed.narrow(0, flat_.weight_index(s.flat.offset), s.flat.numel);
+    dst.copy_(mine);
+    unit.work.push_back(comm_.broadcast_async(mine, s.owner));
+  }
   unit.state = Unit::kInFlight;
   gathered_ += unit.numel;
   peak_gathered_ = std::max(peak_gathered_, gathered_);
@@ -161,7 +142,7 @@ void Zero3::ready(size_t u) {
   for (auto& w : unit.work) comm_.wait(w, strf("all-gather of unit %zu's weights (%s)", u, u == blocks_ ? "the rest" : "a block"));
   unit.work.clear();
   unit.state = Unit::kGathered;
-  if (measure_resident_) note_peak();
+  note_held();
 }
 
 void Zero3::release(size_t u, bool force) {
@@ -170,20 +151,19 @@ void Zero3::release(size_t u, bool force) {
   if (unit.state == Unit::kInFlight)
     for (auto& w : unit.work) comm_.wait(w, strf("all-gather of unit %zu's weights", u));
   unit.work.clear();
-  for (const auto& [a, len] : unit.spans) ::madvise(base_ + a, len, MADV_DONTNEED);
-  if (unit.state != Unit::kReleased) gathered_ -= unit.numel;
+  if (unit.state != Unit::kReleased) {
+    compat::release_storage(unit.store);
+    gathered_ -= unit.numel;
+  }
   unit.state = Unit::kReleased;
   unit.pending_grads = 0;
 }
 
-void Zero3::note_peak() {
-  // The pages of the weights' mapping the kernel holds now (test hook: LM_TEST_WEIGHTS_RESIDENT=1).
-  const size_t bytes = (static_cast<size_t>(flat_.numel()) * sizeof(float) + page_ - 1) / page_ * page_;
-  std::vector<unsigned char> vec(bytes / page_);
-  if (::mincore(base_, bytes, vec.data()) != 0) return;
-  int64_t resident = 0;
-  for (auto v : vec) resident += (v & 1) ? static_cast<int64_t>(page_) : 0;
-  peak_resident_ = std::max(peak_resident_, resident);
+void Zero3::note_held() {
+  // What the storages hold now, as the allocator gave it: the packed pieces and every unit's.
+  int64_t held = static_cast<int64_t>(flat_.params().storage().nbytes());
+  for (const auto& unit : units_) held += static_cast<int64_t>(unit.store.storage().nbytes());
+  peak_held_ = std::max(peak_held_, held);
 }
 
 void Zero3::unit_before_forward(size_t u) {
@@ -227,12 +207,10 @@ void Zero3::after_backward(int64_t step) {
   for (size_t u = 0; u < units_.size(); ++u) release(u);  // units none of whose gradients came
   if (peak_gathered_ > logged_peak_) {
     logged_peak_ = peak_gathered_;
-    std::string resident = measure_resident_ ? strf("; at most %lld bytes of the weights' pages resident (mincore)",
-                                                    (long long)peak_resident_)
-                                             : "";
-    log::info(strf("zero-3: at most %lld of %lld weight values gathered at once (%lld bytes of %lld) by step %lld%s",
+    log::info(strf("zero-3: at most %lld of %lld weight values gathered at once (%lld bytes of %lld) by step %lld; at "
+                   "most %lld bytes held by the weights' storages (its pieces and the gathered units)",
                    (long long)peak_gathered_, (long long)flat_.numel(), (long long)peak_gathered_ * 4,
-                   (long long)flat_.numel() * 4, (long long)step, resident.c_str()));
+                   (long long)flat_.numel() * 4, (long long)step, (long long)peak_held_));
   }
 }
 
@@ -242,7 +220,7 @@ void Zero3::weights_replaced() {
 }
 
 torch::Tensor Zero3::gather_weights(FlatRange r) {
-  auto out = torch::empty({r.numel}, flat_.params().options());
+  auto out = torch::empty({r.numel}, flat_.options());
   const auto& L = layout();
   std::vector<std::shared_ptr<Comm::Pending>> work;
   for (size_t b = 0; b < L.buckets.size(); ++b)
@@ -251,7 +229,7 @@ torch::Tensor Zero3::gather_weights(FlatRange r) {
         const int64_t a = std::max(p.offset, r.offset), e = std::min(p.offset + p.numel, r.offset + r.numel);
         if (e <= a) continue;
         auto dst = out.narrow(0, a - r.offset, e - a);
-        if (k == L.rank) dst.copy_(flat_.params().narrow(0, a, e - a));
+        if (k == L.rank) dst.copy_(flat_.params().narrow(0, flat_.weight_index(a), e - a));
         work.push_back(comm_.broadcast_async(dst, k));
       }
   for (auto& w : work) comm_.wait(w, "gather of a weight tensor (the final weights)");
@@ -259,13 +237,10 @@ torch::Tensor Zero3::gather_weights(FlatRange r) {
 }
 
 std::string Zero3::describe(int64_t optimizer_bytes, const std::string& what) const {
-  int64_t releasable = 0;
-  for (const auto& unit : units_)
-    for (const auto& s : unit.spans) releasable += static_cast<int64_t>(s.second);
-  return strf("zero-3: rank %d keeps %lld of %lld weights between steps (%lld bytes of pages it never releases), "
-              "%zu units (%zu blocks and the rest) gathered before their forward and backward and released after; ",
-              layout().rank, (long long)layout().owned_numel(), (long long)flat_.numel(),
-              (long long)(flat_.numel() * 4 - releasable), units_.size(), blocks_) +
+  return strf("zero-3: rank %d keeps %lld of %lld weights between steps (packed apart from the units' storages), "
+              "%zu units (%zu blocks and the rest) gathered into storages of their own before their forward and "
+              "backward and released after; ",
+              layout().rank, (long long)layout().owned_numel(), (long long)flat_.numel(), units_.size(), blocks_) +
          Zero2::describe(optimizer_bytes, what);
 }
 

@@ -3,18 +3,21 @@
 // pieces its AdamW owns, so the optimizer steps them in place and nothing else moves after the
 // update). The model is cut into units (models/lm.h UnitHooks): each transformer block, and the rest
 // (embeddings, final norm, head). A unit's weights are gathered just before its forward (every
-// piece broadcast by its owner into every rank's flat buffer, asynchronously; the next block's
+// piece broadcast by its owner into every rank's storage of the unit, asynchronously; the next block's
 // gather issued at once so that it overlaps this block's compute), released after it, gathered
 // again when its output's gradient arrives (before its backward, or its recompute under activation
 // checkpointing; the block below is prefetched), and released once the backward has accumulated the
 // gradients of all its parameters. The rest is gathered from hidden() until its last gradient.
 //
-// Releasing: the flat parameter buffer is moved into memory this strategy maps itself (no huge
-// pages), and a released unit's pages that hold no value this rank owns are handed back to the
-// kernel (madvise MADV_DONTNEED): the parameters, and the tensors autograd saved of them, keep their
-// addresses (no version counter moves), the pages read as zeros until the next gather fills them.
-// Pages shared with an owned piece or with another unit stay (at most two per range edge). CPU
-// only so far (CUDA would need the allocator's virtual memory mapping); a CUDA run is refused.
+// Storage, the same on CPU and CUDA: this rank's pieces live packed one after another in the flat
+// parameters' buffer (FlatParams::keep_weight_pieces: what the optimizer, the EMA and checkpoints
+// read and write); there is no buffer of every weight. Each unit has a storage of its own, which its
+// parameters are views of: allocated by the allocator when the unit is gathered (its owners' pieces
+// broadcast into it, this rank's copied from the packed buffer) and handed back when it is released
+// (compat::release_storage, PyTorch FSDP's resize to 0): the parameters, and the tensors autograd
+// saved of them, keep pointing at the storage (no version counter moves), which holds nothing until
+// the next gather. The caching allocators (the host one on CPU, CUDA's) give the same blocks back
+// step after step. The gathers run on the process group's stream (NCCL's own on a device).
 //
 // Gradients as ZeRO-2 keeps them (zero2.h: each bucket's sums reduced as the backward fills it, the
 // rank's pieces kept, the bucket freed; the norm streamed: the same sums and norm as plain data
@@ -41,7 +44,7 @@ namespace lm {
 
 class Zero3 : public Zero2 {
  public:
-  // Throws ConfigError (dist.zero) for a model that is not an LM, or on CUDA.
+  // Throws ConfigError (dist.zero) for a model that is not an LM.
   explicit Zero3(const ParallelInit& init);
   ~Zero3() override;
   // Zero2's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
@@ -69,10 +72,16 @@ class Zero3 : public Zero2 {
   void unit_before_backward(size_t unit);
 
  private:
+  struct Source {
+    FlatRange flat;     // values of the flat parameters
+    int64_t local = 0;  // where they sit in the unit's storage
+    int owner = 0;      // the rank that keeps them and broadcasts them
+  };
   struct Unit {
-    std::vector<FlatRange> ranges;                   // its parameters' values, merged, ascending
-    std::vector<std::pair<FlatRange, int>> sources;  // what each owner broadcasts into it
-    std::vector<std::pair<size_t, size_t>> spans;    // byte offset and length of its pages this rank may release
+    std::vector<FlatRange> ranges;   // its parameters' values, merged, ascending
+    std::vector<int64_t> range_at;   // where each range starts in its storage
+    std::vector<Source> sources;     // what each owner broadcasts into it, in the same order on every rank
+    torch::Tensor store;             // (numel,): its parameters are views of it; memory only while gathered
     int64_t numel = 0;
     int params = 0, pending_grads = 0;  // its parameters; those whose gradient this backward still owes
     enum State { kReleased, kInFlight, kGathered } state = kReleased;
@@ -82,18 +91,15 @@ class Zero3 : public Zero2 {
   void ready(size_t u);
   void release(size_t u, bool force = false);
   void grad_accumulated(size_t u);
-  void note_peak();
+  void note_held();
 
   LMImpl* lm_;
   std::vector<Unit> units_;  // blocks, then the rest
   size_t blocks_ = 0;
   std::vector<size_t> unit_of_entry_;
-  char* base_ = nullptr;  // the flat buffer's mapping
-  size_t page_ = 4096;
-  bool whole_ = true;  // every value of the weights present (before start())
-  bool measure_resident_;
+  bool whole_ = true;  // not started: no hook installed, nothing to release
   int64_t gathered_ = 0, peak_gathered_ = 0, logged_peak_ = -1;  // values of gathered units
-  int64_t peak_resident_ = 0;                                     // bytes (mincore), when measured
+  int64_t peak_held_ = 0;  // bytes: the packed pieces and every unit storage holding memory, at most
   std::vector<std::pair<compat::AutogradNodePtr, uintptr_t>> hooks_;
 };
 
