@@ -2,7 +2,7 @@
 // added in (TreeSum), and the rules every strategy running under the switch shares (GlobalBatch):
 // the deal of the G = world size x train.grad_accum micro-batches to the ranks, the dropout seeded
 // per global micro-batch, the losses added in the tree, the global batch's shape in checkpoints.
-// The plain strategy (Invariant, invariant.h) and ZeRO-2/3 (zero2.h) hold one.
+// The fixed tree (TreeReduction, invariant.h) and ZeRO-2/3's pieces (PieceReduction, piece_reduction.h) hold one.
 #pragma once
 
 #include <torch/torch.h>

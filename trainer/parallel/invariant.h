@@ -1,5 +1,5 @@
-// dist.invariant: the same bits on any number of ranks (a strategy of the parallelism seam,
-// parallel.h). The global batch is G = world size x train.grad_accum micro-batches; global
+// dist.invariant: the same bits on any number of ranks (a gradient reduction, a part of a strategy:
+// parts.h). The global batch is G = world size x train.grad_accum micro-batches; global
 // micro-batch i is the same samples at any world size (the loader's step blocks, loader.h) and rank
 // r holds the contiguous block [r*A, (r+1)*A) of them (A = grad_accum). Their gradients are added in
 // ONE binary tree over the G indices whatever the world size: the perfect tree over G leaves padded
@@ -22,8 +22,9 @@
 // doubling, power-of-two W; global_batch.h), where a ring all-reduce moves 2 (W-1)/W x.
 //
 // The rules of the global batch (the deal, the seeds, the losses' tree, the checkpointed shape) and
-// the tree itself live in global_batch.h; this strategy runs them for dist.zero 0 and 1. ZeRO-2 and
-// 3 run them too, bucket by bucket from the backward's hooks (zero2.h).
+// the tree itself live in global_batch.h; this reduction runs them for dist.zero 0 and 1 (with the
+// optimizer's shards at 1: zero1.h). ZeRO-2 and 3 run them too, bucket by bucket from the
+// backward's hooks (piece_reduction.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -35,22 +36,19 @@
 
 #include "trainer/parallel/global_batch.h"
 #include "trainer/parallel/parallel.h"
+#include "trainer/parallel/parts.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
 
-class Invariant : public Parallelism {
+class TreeReduction : public GradReduction {
  public:
   // Throws ConfigError naming train.grad_accum when it is not a power of two at world size > 1,
-  // optim.free_grads when the gradients are not one flat buffer.
-  // dist.zero 1 at world size > 1: the optimizer state sharded as ZeRO-1 shards it (zero1.h: rank r
-  // steps its pieces of the gradient buckets, then gather_pieces); the tree's sums are whole on every
-  // rank, and AdamW updates each value alone, so the bits are the same.
-  explicit Invariant(const ParallelInit& init);
-  void start() override;
-  std::optional<std::vector<FlatRange>> optimizer_ranges() const override;
-  bool shards_optimizer() const override { return zero_.has_value(); }
-  void after_update() override;
+  // optim.free_grads when the gradients are not one flat buffer. shards: the optimizer's under
+  // dist.zero 1 at world size > 1 (rank r steps its pieces of the gradient buckets; the tree's sums
+  // are whole on every rank, and AdamW updates each value alone, so the bits are the same), or
+  // nullptr; it outlives this.
+  TreeReduction(const ParallelInit& init, const OptimizerShards* shards);
   // Reseeds the default generators from (seed, step, global micro-batch index).
   void before_backward(const MicroStep& m) override;
   // The micro-batch's gradients into the stash (tree order), the flat buffer zeroed for the next.
@@ -61,9 +59,8 @@ class Invariant : public Parallelism {
   torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override { return batch_.sum_losses(losses); }
   Stateful* checkpointed() override { return batch_.checkpointed(); }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
-  std::string name() const override { return "invariant"; }
-  // {"strategy", "world_size", "global_micro_batches" G, "micro_batch_size", "tree_leaves" (G padded
-  // to a power of two), "deal" (per rank its [first, last) of the global micro-batch indices:
+  // {"world_size", "global_micro_batches" G, "micro_batch_size", "tree_leaves" (G padded to a power
+  // of two), "deal" (per rank its [first, last) of the global micro-batch indices:
   // data::step_block), "combine" (how the ranks' subtree sums meet: "all-gather" or
   // "recursive-doubling"; one rank: "none")}.
   nlohmann::json record() const override;
@@ -78,8 +75,7 @@ class Invariant : public Parallelism {
   GlobalBatch batch_;
   std::vector<FlatRange> buckets_;  // the all-gather's pieces (plan_buckets)
   Combine combine_ = Combine::kNone;  // how the ranks' subtree sums meet (global_batch.h)
-  std::optional<ZeroLayout> zero_;  // dist.zero 1: the pieces of the optimizer state
-  bool nccl_ = false;
+  const OptimizerShards* shards_;  // dist.zero 1: the pieces of the optimizer state
   TreeSum local_;
 };
 

@@ -10,8 +10,11 @@
 //   - the bytes a rank keeps, for the memory check before anything is built (rank_bytes);
 //   - its start-up line (describe) and what meta.json records of it (name, record).
 //
-// Adding one (ZeRO-2/3, tensor parallelism): a class implementing Parallelism in its own files here
-// and a row in the table in parallel.cpp (when it applies, the bytes it keeps, how it is made).
+// Every strategy is a Strategy (strategy.h) composed of parts (parts.h): a gradient reduction, the
+// optimizer's shards and the weights' shards; no strategy derives from another. Adding one: its
+// parts (a new reduction scheme is a GradReduction in its own files here) and a row in the table
+// in parallel.cpp (when it applies, the bytes it keeps, which parts it is made of). Splitting the
+// module itself over ranks is a ModelTransform (transform.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -28,14 +31,9 @@
 #include "common/torch/stateful.h"
 #include "run/config/dist_config.h"
 #include "trainer/comm/process_group.h"
+#include "trainer/parallel/parts.h"
 
 namespace lm {
-
-// Micro-batch `index` (0-based) of the `count` a rank runs in optimizer step `step` (1-based).
-struct MicroStep {
-  int64_t step = 1, index = 0, count = 1;
-  bool last() const { return index == count - 1; }
-};
 
 class Parallelism {
  public:
@@ -75,8 +73,8 @@ class Parallelism {
   // swapped in or out for an evaluation), so nothing gathered from the old values may be read again.
   virtual void weights_replaced() {}
   // This rank's total of its micro-batches' loss values (0-dim tensors, in micro-batch order), as a
-  // 0-dim tensor; default: added in order from zero, in their dtype.
-  virtual torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const;
+  // 0-dim tensor.
+  virtual torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const = 0;
   // What the strategy keeps in checkpoints (state key "parallel", replicated, optional), or nullptr:
   // nothing.
   virtual Stateful* checkpointed() { return nullptr; }

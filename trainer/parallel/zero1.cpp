@@ -62,24 +62,6 @@ ZeroLayout zero_layout(std::vector<FlatRange> buckets, const FlatParams& flat, i
   return l;
 }
 
-Zero1::Zero1(const ParallelInit& init)
-    : DataParallel(init),
-      layout_(zero_layout(plan_buckets(init.flat, init.dist.bucket_mb), init.flat, init.rank, init.world, init.whole_params)),
-      owned_(layout_.owned()), nccl_(init.comm->backend() == "nccl") {
-  // Whole parameters are no equal pieces of a bucket: all-reduced, each rank keeping its own.
-  reduce_scatter_ = layout_.by_pieces() && (nccl_ || test_hooks().emulate_reduce_scatter);
-}
-
-torch::Tensor Zero1::grad_norm(int64_t step) {
-  if (!reduce_scatter_) return {};
-  auto& g = flat_.grads();
-  std::vector<torch::Tensor> sq;
-  for (const auto& p : owned_) sq.push_back(g.narrow(0, p.offset, p.numel).pow(2).sum());
-  auto total = sq.empty() ? torch::zeros({}, g.options()) : torch::stack(sq).sum();
-  comm_.all_reduce_sum(total, strf("all-reduce of the gradient norm's pieces at step %lld", (long long)step));
-  return total.sqrt();
-}
-
 void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch::Tensor& params) {
   torch::NoGradGuard ng;
   // In place, no scratch (not even one bucket's: on the CPU a freed buffer stays in the caching
@@ -101,27 +83,19 @@ void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch:
   for (auto& w : pending) comm.wait(w, "all-gather of the updated weights");
 }
 
-void Zero1::after_update() { gather_pieces(layout_, comm_, nccl_, flat_.params()); }
-
-GradSync::Reduce Zero1::reduce() {
-  if (!reduce_scatter_) return nullptr;
-  return [this](size_t i, torch::Tensor grads) {
-    std::vector<std::shared_ptr<Comm::Pending>> work;
-    const int64_t s = layout_.piece_size(i), main = s * layout_.world;
-    if (s > 0) work.push_back(comm_.reduce_scatter_async(grads.narrow(0, 0, main), grads.narrow(0, layout_.rank * s, s)));
-    if (main < grads.numel()) work.push_back(comm_.all_reduce_async(grads.narrow(0, main, grads.numel() - main)));
-    return work;
-  };
+OptimizerShards::OptimizerShards(const ParallelInit& init)
+    : comm_(*init.comm),
+      layout_(zero_layout(plan_buckets(init.flat, init.dist.bucket_mb), init.flat, init.rank, init.world, init.whole_params)),
+      owned_(layout_.owned()), nccl_(init.comm->backend() == "nccl") {
+  reduce_scatter_ = layout_.by_pieces() && (nccl_ || test_hooks().emulate_reduce_scatter);
 }
 
-std::string Zero1::describe(int64_t state_bytes, const std::string& what) const {
+std::string OptimizerShards::describe(int64_t state_bytes, const std::string& what, int64_t numel) const {
   const double owned = static_cast<double>(layout_.owned_numel());  // the whole state, at this rank's bytes per value
-  const double whole = owned > 0 ? static_cast<double>(state_bytes) * static_cast<double>(flat_.numel()) / owned : 0;
-  return strf("zero-1: rank %d keeps %s of %lld of %lld weights (%zu %s): optimizer state %.1f MB of %.1f MB; "
-              "gradients %s, weights all-gathered after each update",
-              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(),
-              layout_.cut(), static_cast<double>(state_bytes) / 1e6, whole / 1e6,
-              reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)");
+  const double whole = owned > 0 ? static_cast<double>(state_bytes) * static_cast<double>(numel) / owned : 0;
+  return strf("%s of %lld of %lld weights (%zu %s): optimizer state %.1f MB of %.1f MB", what.c_str(),
+              (long long)layout_.owned_numel(), (long long)numel, owned_.size(), layout_.cut(),
+              static_cast<double>(state_bytes) / 1e6, whole / 1e6);
 }
 
 }  // namespace lm

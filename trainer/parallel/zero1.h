@@ -1,13 +1,14 @@
-// ZeRO-1 (dist.zero: 1), as llm.c's and Megatron-LM's distributed optimizer do it: every gradient
-// bucket is cut into world_size pieces and rank r keeps the AdamW moments of piece r of each
-// bucket only (1/world_size of the optimizer state). Gradients are summed per bucket from the
-// autograd hooks as in plain data parallelism (data_parallel.h), so the communication still
-// overlaps the backward: reduce-scattered where the backend has it (NCCL: each rank gets the sums
-// of its pieces only), all-reduced where it does not (Gloo in LibTorch 1.13 and 2.6: every rank gets
-// every sum, the same numbers as plain data parallelism, and keeps its pieces). Each rank steps
-// its pieces (the optimizer, constructed with optimizer_ranges()), then every rank's updated pieces of the weights go
-// to every rank, in place (gather_params). The weights, the gradient buffer and the EMA stay whole on
-// every rank (ZeRO-1 shards the optimizer state only).
+// The optimizer's shards (a part of a strategy, parts.h), as llm.c's and Megatron-LM's distributed
+// optimizer cut them: every gradient bucket is cut into world_size pieces and rank r keeps the
+// AdamW moments of piece r of each bucket only (1/world_size of the optimizer state); or, for an
+// optimizer that needs whole parameters, each parameter is one rank's. Each rank steps its pieces
+// (the optimizer, constructed with optimizer_ranges()), then every rank's updated pieces of the
+// weights go to every rank, in place (gather_updated), unless the weights are sharded too (ZeRO-3).
+// ZeRO-1 (dist.zero: 1) is these shards with the buckets' reduction (bucket_reduction.h):
+// reduce-scattered where the backend has it (NCCL: each rank gets the sums of its pieces only),
+// all-reduced where it does not (Gloo in LibTorch 1.13 and 2.6: every rank gets every sum, the same
+// numbers as plain data parallelism, and keeps its pieces). The weights, the gradient buffer and
+// the EMA stay whole on every rank (ZeRO-1 shards the optimizer state only).
 #pragma once
 
 #include <torch/torch.h>
@@ -16,7 +17,8 @@
 #include <vector>
 
 #include "trainer/optim/flat_params.h"
-#include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/grad_sync.h"
+#include "trainer/parallel/parallel.h"
 
 namespace lm {
 
@@ -56,41 +58,29 @@ ZeroLayout zero_layout(std::vector<FlatRange> buckets, const FlatParams& flat, i
 // broadcast by the last rank; Gloo, which has no in-place all-gather: a broadcast per piece).
 void gather_pieces(const ZeroLayout& layout, Comm& comm, bool nccl, const torch::Tensor& params);
 
-// ZeRO-1 on the parallelism seam: data parallelism whose optimizer owns this rank's pieces only.
-class Zero1 : public DataParallel {
+// What optimizer state a rank keeps: its ranges of the layout.
+class OptimizerShards {
  public:
-  // Reduce-scatters where the backend has it (NCCL), or where LM_ZERO_REDUCE_SCATTER=1 asks Gloo to
-  // behave as if it did (tests: an all-reduce of a copy, the owned pieces kept), so that only the
-  // owned pieces hold the summed gradients.
-  explicit Zero1(const ParallelInit& init);
+  // The layout over init's buckets (plan_buckets at dist.bucket_mb), whole parameters when
+  // init.whole_params. REQUIRES: a process group.
+  explicit OptimizerShards(const ParallelInit& init);
   const ZeroLayout& layout() const { return layout_; }
-  std::optional<std::vector<FlatRange>> optimizer_ranges() const override { return owned_; }
-  bool shards_optimizer() const override { return true; }
-  // With reduce-scatter, the global L2 norm from the owned pieces (their sums of squares
-  // all-reduced); else undefined (every rank holds the whole sum: the norm is taken as plain data
-  // parallelism takes it, the same bits).
-  torch::Tensor grad_norm(int64_t step) override;
-  // After this rank's optimizer updated its pieces: every rank's pieces to every rank, in place
-  // (NCCL: an all-gather per bucket; Gloo: a broadcast per piece), no scratch buffer.
-  void after_update() override;
-  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
-  std::string name() const override { return "zero1"; }
-  // DataParallel's record and "sharded": what each rank keeps only its pieces of.
-  nlohmann::json record() const override {
-    auto j = DataParallel::record();
-    j["sharded"] = {"optimizer_state"};
-    return j;
-  }
+  const std::vector<FlatRange>& owned() const { return owned_; }  // layout().owned()
+  bool nccl() const { return nccl_; }
+  // Whether the buckets' sums reduce-scatter onto the pieces: where the backend has it (NCCL), or
+  // where LM_ZERO_REDUCE_SCATTER=1 asks Gloo to behave as if it did (tests: an all-reduce of a copy,
+  // the owned pieces kept); never for whole parameters (no equal pieces of a bucket).
+  bool reduce_scatter() const { return reduce_scatter_; }
+  // After this rank's optimizer updated its pieces of `params`: every rank's pieces to every rank,
+  // in place (gather_pieces).
+  void gather_updated(const torch::Tensor& params) { gather_pieces(layout_, comm_, nccl_, params); }
+  // "<what> of N of M weights (K bucket pieces): optimizer state X MB of Y MB" for the start-up line.
+  std::string describe(int64_t optimizer_bytes, const std::string& what, int64_t numel) const;
 
- protected:
-  // ZeRO-1's bucket: the first world*s values reduce-scattered in place (rank r's sums land on its
-  // piece), the fewer than `world` left over all-reduced; or, without reduce-scatter, all-reduced.
-  GradSync::Reduce reduce() override;
-  std::string reduce_name() const override { return reduce_scatter_ ? "reduce-scatter" : "all-reduce"; }
-
- protected:
+ private:
+  Comm& comm_;
   ZeroLayout layout_;
-  std::vector<FlatRange> owned_;  // layout_.owned()
+  std::vector<FlatRange> owned_;
   bool nccl_;
   bool reduce_scatter_;
 };

@@ -1,4 +1,4 @@
-// ZeRO-3: units gathered before use and released after, weights kept as pieces (see zero3.h).
+// The weights' shards: units gathered before use and released after, weights kept as pieces (see zero3.h).
 #include "trainer/parallel/zero3.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -14,16 +14,16 @@
 namespace lm {
 namespace {
 
-struct Zero3UnitHooks : UnitHooks {
-  explicit Zero3UnitHooks(Zero3* z) : z(z) {}
+struct UnitShardsHooks : UnitHooks {
+  explicit UnitShardsHooks(UnitShards* z) : z(z) {}
   void before_forward(size_t u) override { z->unit_before_forward(u); }
   void after_forward(size_t u) override { z->unit_after_forward(u); }
   void before_backward(size_t u) override { z->unit_before_backward(u); }
-  Zero3* z;
+  UnitShards* z;
 };
 
-struct Zero3GradHook : torch::autograd::FunctionPostHook {
-  explicit Zero3GradHook(std::function<void()> fn) : fn(std::move(fn)) {}
+struct UnitShardsGradHook : torch::autograd::FunctionPostHook {
+  explicit UnitShardsGradHook(std::function<void()> fn) : fn(std::move(fn)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
     fn();
@@ -40,9 +40,11 @@ void zero3_add_range(std::vector<FlatRange>& out, int64_t offset, int64_t numel)
 
 }  // namespace
 
-Zero3::Zero3(const ParallelInit& init) : Zero2(init), lm_(dynamic_cast<LMImpl*>(&init.model)) {
+UnitShards::UnitShards(const ParallelInit& init, const OptimizerShards& shards)
+    : comm_(*init.comm), flat_(init.flat), model_(init.model), layout_(shards.layout()), owned_(shards.owned()),
+      lm_(dynamic_cast<LMImpl*>(&init.model)) {
   if (!lm_) throw ConfigError("key 'dist.zero': 3 shards the weights of a language model's units (blocks and the rest); this module is none");
-  TORCH_CHECK(flat_.path().weight_pieces, "Zero3: the flat parameters need GradPath::weight_pieces (parallel.h weights_in_pieces)");
+  TORCH_CHECK(flat_.path().weight_pieces, "UnitShards: the flat parameters need GradPath::weight_pieces (parallel.h weights_in_pieces)");
   // The units: each block's parameters, then the rest.
   std::map<const void*, size_t> unit_of_param;
   auto blocks = lm_->block_list();
@@ -93,28 +95,27 @@ Zero3::Zero3(const ParallelInit& init) : Zero2(init), lm_(dynamic_cast<LMImpl*>(
   for (auto& unit : units_) compat::release_storage(unit.store);
 }
 
-Zero3::~Zero3() {
+UnitShards::~UnitShards() {
   lm_->unit_hooks.reset();
   for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
 }
 
-void Zero3::start() {
-  Zero2::start();  // rank 0's weights to every rank, the gradient buckets' hooks
+void UnitShards::start() {
   std::map<std::string, torch::Tensor> by_name;
   for (auto& p : model_.named_parameters()) by_name[p.key()] = p.value();
   const auto& entries = flat_.entries();
   for (size_t i = 0; i < entries.size(); ++i) {
     auto acc = compat::grad_accumulator(by_name.at(entries[i].name));
     const size_t u = unit_of_entry_[i];
-    auto key = acc->add_post_hook(std::make_unique<Zero3GradHook>([this, u] { grad_accumulated(u); }));
+    auto key = acc->add_post_hook(std::make_unique<UnitShardsGradHook>([this, u] { grad_accumulated(u); }));
     hooks_.emplace_back(acc, key);
   }
-  lm_->unit_hooks = std::make_shared<Zero3UnitHooks>(this);
+  lm_->unit_hooks = std::make_shared<UnitShardsHooks>(this);
   whole_ = false;
   gathered_ = peak_gathered_ = 0;
 }
 
-void Zero3::issue(size_t u) {
+void UnitShards::issue(size_t u) {
   auto& unit = units_[u];
   if (unit.state != Unit::kReleased) return;
   compat::allocate_storage(unit.store, static_cast<size_t>(unit.numel) * unit.store.element_size());
@@ -135,7 +136,7 @@ void Zero3::issue(size_t u) {
   peak_gathered_ = std::max(peak_gathered_, gathered_);
 }
 
-void Zero3::ready(size_t u) {
+void UnitShards::ready(size_t u) {
   issue(u);
   auto& unit = units_[u];
   if (unit.state != Unit::kInFlight) return;
@@ -145,7 +146,7 @@ void Zero3::ready(size_t u) {
   note_held();
 }
 
-void Zero3::release(size_t u, bool force) {
+void UnitShards::release(size_t u, bool force) {
   auto& unit = units_[u];
   if (unit.state == Unit::kReleased && !force) return;
   if (unit.state == Unit::kInFlight)
@@ -159,14 +160,14 @@ void Zero3::release(size_t u, bool force) {
   unit.pending_grads = 0;
 }
 
-void Zero3::note_held() {
+void UnitShards::note_held() {
   // What the storages hold now, as the allocator gave it: the packed pieces and every unit's.
   int64_t held = static_cast<int64_t>(flat_.params().storage().nbytes());
   for (const auto& unit : units_) held += static_cast<int64_t>(unit.store.storage().nbytes());
   peak_held_ = std::max(peak_held_, held);
 }
 
-void Zero3::unit_before_forward(size_t u) {
+void UnitShards::unit_before_forward(size_t u) {
   if (whole_) return;
   ready(u);
   if (u == blocks_) {  // the rest: kept until the backward has its gradients
@@ -177,33 +178,31 @@ void Zero3::unit_before_forward(size_t u) {
   }
 }
 
-void Zero3::unit_after_forward(size_t u) {
+void UnitShards::unit_after_forward(size_t u) {
   if (whole_) return;
   release(u);
 }
 
-void Zero3::unit_before_backward(size_t u) {
+void UnitShards::unit_before_backward(size_t u) {
   if (whole_) return;
   ready(u);
   units_[u].pending_grads = units_[u].params;
   if (u > 0) issue(u - 1);
 }
 
-void Zero3::grad_accumulated(size_t u) {
+void UnitShards::grad_accumulated(size_t u) {
   if (whole_) return;
   auto& unit = units_[u];
   if (unit.pending_grads > 0 && --unit.pending_grads == 0) release(u);
 }
 
-void Zero3::before_backward(const MicroStep& m) {
-  Zero2::before_backward(m);
+void UnitShards::before_backward(const MicroStep&) {
   // Whatever is still gathered, and the pages other readers mapped since (the EMA reads the whole
   // buffer: the kernel's zero page where released), handed back.
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*force=*/true);
 }
 
-void Zero3::after_backward(int64_t step) {
-  Zero2::after_backward(step);
+void UnitShards::after_backward(int64_t step) {
   for (size_t u = 0; u < units_.size(); ++u) release(u);  // units none of whose gradients came
   if (peak_gathered_ > logged_peak_) {
     logged_peak_ = peak_gathered_;
@@ -214,12 +213,12 @@ void Zero3::after_backward(int64_t step) {
   }
 }
 
-void Zero3::weights_replaced() {
+void UnitShards::replaced() {
   if (whole_) return;  // not started: nothing is released
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*force=*/true);
 }
 
-torch::Tensor Zero3::gather_weights(FlatRange r) {
+torch::Tensor UnitShards::gather(FlatRange r) {
   auto out = torch::empty({r.numel}, flat_.options());
   const auto& L = layout();
   std::vector<std::shared_ptr<Comm::Pending>> work;
@@ -236,12 +235,11 @@ torch::Tensor Zero3::gather_weights(FlatRange r) {
   return out;
 }
 
-std::string Zero3::describe(int64_t optimizer_bytes, const std::string& what) const {
+std::string UnitShards::describe() const {
   return strf("zero-3: rank %d keeps %lld of %lld weights between steps (packed apart from the units' storages), "
               "%zu units (%zu blocks and the rest) gathered into storages of their own before their forward and "
               "backward and released after; ",
-              layout().rank, (long long)layout().owned_numel(), (long long)flat_.numel(), units_.size(), blocks_) +
-         Zero2::describe(optimizer_bytes, what);
+              layout().rank, (long long)layout().owned_numel(), (long long)flat_.numel(), units_.size(), blocks_);
 }
 
 }  // namespace lm

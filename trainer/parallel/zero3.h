@@ -1,4 +1,6 @@
-// ZeRO-3 (dist.zero: 3), fully sharded weights on top of ZeRO-2 (zero2.h): between steps rank r
+// The weights' shards (a part of a strategy, parts.h): ZeRO-3 (dist.zero: 3) is ZeRO-2's parts (the
+// optimizer's shards, zero1.h, and the gradients kept as pieces, piece_reduction.h) with these:
+// fully sharded weights. Between steps rank r
 // keeps only its pieces of the weights (ZeroLayout: its piece of every gradient bucket, the same
 // pieces its AdamW owns, so the optimizer steps them in place and nothing else moves after the
 // update). The model is cut into units (models/lm.h UnitHooks): each transformer block, and the rest
@@ -19,7 +21,7 @@
 // the next gather. The caching allocators (the host one on CPU, CUDA's) give the same blocks back
 // step after step. The gathers run on the process group's stream (NCCL's own on a device).
 //
-// Gradients as ZeRO-2 keeps them (zero2.h: each bucket's sums reduced as the backward fills it, the
+// Gradients as ZeRO-2 keeps them (piece_reduction.h: each bucket's sums reduced as the backward fills it, the
 // rank's pieces kept, the bucket freed; the norm streamed: the same sums and norm as plain data
 // parallelism, bit for bit), so between steps a rank keeps 1/W of the weights, the gradients and the
 // moments. Checkpoints save each rank's pieces of the weights and of the EMA as they are, one part
@@ -38,33 +40,30 @@
 
 #include "common/torch/compat.h"
 #include "models/lm.h"
-#include "trainer/parallel/zero2.h"
+#include "trainer/comm/process_group.h"
+#include "trainer/parallel/parallel.h"
+#include "trainer/parallel/parts.h"
+#include "trainer/parallel/zero1.h"
 
 namespace lm {
 
-class Zero3 : public Zero2 {
+class UnitShards : public WeightShards {
  public:
-  // Throws ConfigError (dist.zero) for a model that is not an LM.
-  explicit Zero3(const ParallelInit& init);
-  ~Zero3() override;
-  // Zero2's start (the initial broadcast, the gradient hooks), then this rank's pieces only kept.
+  // This rank keeps the weights of the optimizer's shards only. Throws ConfigError (dist.zero) for
+  // a model that is not an LM. REQUIRES: init.flat with GradPath::weight_pieces; shards outlives it.
+  UnitShards(const ParallelInit& init, const OptimizerShards& shards);
+  ~UnitShards() override;
+  // The gradients' hooks that release a unit, and the model's unit hooks.
   void start() override;
   void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
-  void after_update() override {}  // each rank keeps its updated pieces; gathered when used
   // Its pieces (the optimizer's ranges): checkpoints save them as they are, one part per rank.
-  std::optional<std::vector<FlatRange>> weights_part() const override { return owned_; }
+  std::vector<FlatRange> part() const override { return owned_; }
   // Range `r` gathered into a tensor of its own: each owner broadcasts its values of it.
-  torch::Tensor gather_weights(FlatRange r) override;
+  torch::Tensor gather(FlatRange r) override;
   // Every unit released: the next forward gathers the pieces as they are now.
-  void weights_replaced() override;
-  std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
-  std::string name() const override { return "zero3"; }
-  nlohmann::json record() const override {
-    auto j = Zero2::record();
-    j["sharded"].push_back("weights");
-    return j;
-  }
+  void replaced() override;
+  std::string describe() const override;
 
   // The model's unit hooks (models/lm.h), through an adapter the model holds.
   void unit_before_forward(size_t unit);
@@ -93,6 +92,13 @@ class Zero3 : public Zero2 {
   void grad_accumulated(size_t u);
   void note_held();
 
+  const ZeroLayout& layout() const { return layout_; }
+
+  Comm& comm_;
+  FlatParams& flat_;
+  torch::nn::Module& model_;
+  const ZeroLayout& layout_;  // the optimizer's shards'
+  std::vector<FlatRange> owned_;
   LMImpl* lm_;
   std::vector<Unit> units_;  // blocks, then the rest
   size_t blocks_ = 0;

@@ -66,8 +66,11 @@ TEST(OptimizerKinds, AnOptimizerWithoutGradScaleIsNeverClippedInItsStep) {
   c = named("muon");
   c.fused = "on";
   EXPECT_TRUE(refused(c, "optim.fused"));
-  for (const auto& k : optimizer_kinds())
-    if (!k.grad_scale) EXPECT_FALSE(resolve_grad_path(named(k.name), true, 1).clip_in_step) << k.name;
+  for (const auto& k : optimizer_kinds()) {
+    if (!k.grad_scale) {
+      EXPECT_FALSE(resolve_grad_path(named(k.name), true, 1).clip_in_step) << k.name;
+    }
+  }
   // A path with in-step clipping that reached it anyway: refused when it is built.
   ModelConfig mc;
   mc.arch = "gpt", mc.n_layer = 1, mc.n_head = 2, mc.d_model = 32, mc.seq_len = 16;

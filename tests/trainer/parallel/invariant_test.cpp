@@ -104,7 +104,7 @@ TEST(TreeSum, TheTablePicksInvariantAndItsLineSaysTheTreeAndTheDeal) {
   EXPECT_EQ(s.item<double>(), 7.75);
   // meta.json's record (Parallelism::record): G, the tree's padded leaves, each rank's block of the
   // global micro-batches (data::step_block, the loader's deal), how the ranks' sums meet. Checked to
-  // fail with the leaves not padded (Invariant::record).
+  // fail with the leaves not padded (TreeReduction::record).
   const auto one = par->record();
   EXPECT_EQ(one["strategy"], "invariant");
   EXPECT_EQ(one["global_micro_batches"], 8);
@@ -258,7 +258,7 @@ TEST_F(InvariantE2E, AChainCutAcrossWorldSizesEqualsTheUncutRun) {
 // dist.zero 1 under dist.invariant (the optimizer state in pieces, the same bits): a chain at 4 ranks
 // with ZeRO-1, then 1 rank, then 2 ranks with ZeRO-1 (the optimizer parts resharded each time)
 // equals the uncut 1-rank run: every step's loss and norm, the final weights and EMA. Checked to
-// fail with the pieces' updated weights not gathered (Invariant::after_update doing nothing).
+// fail with the pieces' updated weights not gathered (Strategy::after_update doing nothing).
 TEST_F(InvariantE2E, ZeroOneKeepsTheBitsAndReshardsAcrossWorldSizes) {
   TempDir root;
   const std::string uncut = root / "uncut";

@@ -49,7 +49,7 @@ class Zero3E2E : public ::testing::Test, protected test::GroupRun {
   }
 };
 
-// Checked to fail with the gather before a block's backward left out (Zero3::unit_before_backward
+// Checked to fail with the gather before a block's backward left out (UnitShards::unit_before_backward
 // returning at once): the released weights read as zeros there, the norms differ from step 1.
 TEST_F(Zero3E2E, GptTwoRanksDropoutAccumulationClippingSameAsPlain) {
   expect_same_as_plain(2, "configs/tiny.yaml", {"train.micro_batch_size=2", "train.grad_accum=2", "model.dropout=0.1"}, 6);
@@ -75,7 +75,7 @@ TEST_F(Zero3E2E, LlamaUntiedActivationCheckpointingAccumulationSameAsPlain) {
 // the storages after every gather), with checkpoints of every step (with the EMA) and the final
 // weights written (nothing can make the weights whole on a rank: the strategy has no such call).
 // Checked to fail with the units' storages never handed back (no release_storage in
-// Zero3::release): every unit held at once, more than the model's bytes with the pieces.
+// UnitShards::release): every unit held at once, more than the model's bytes with the pieces.
 TEST_F(Zero3E2E, NoRankEverHoldsAllWeightsDuringTheStepsOrTheSaves) {
   TempDir zero;
   run_ok(zero.path(), 2,
@@ -169,7 +169,7 @@ TEST_F(Zero3E2E, NoRankHoldsAllWeightsAtTheStartNorWhenItResumes) {
 // do (an odd number of batches over 2 ranks, and task examples whose choices make 5 forwards on rank
 // 0 and 2 on rank 1: the ranks in lockstep), the EMA's pieces swapped in: the same validation losses
 // of the weights and of the EMA, and the same task scores, as plain data parallelism, bit for bit.
-// Checked to fail with Zero3::weights_replaced() doing nothing:
+// Checked to fail with UnitShards::replaced() doing nothing:
 // the EMA's loss read the rest unit still gathered from the trained weights and differed; and with
 // the tasks' lockstep forwards left out (score_choice_rows' `forwards` ignored): rank 0 waits for
 // gathers rank 1 never joins, and the group times out.

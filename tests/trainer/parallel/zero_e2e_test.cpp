@@ -19,7 +19,7 @@
 #include "run/config/config.h"
 #include "trainer/parallel/memory_check.h"
 #include "trainer/parallel/zero1.h"
-#include "trainer/parallel/zero2.h"
+#include "trainer/parallel/piece_reduction.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/parallel/parallel.h"
 

@@ -16,7 +16,7 @@
 #include "run/config/config.h"
 #include "trainer/parallel/memory_check.h"
 #include "trainer/parallel/zero1.h"
-#include "trainer/parallel/zero2.h"
+#include "trainer/parallel/piece_reduction.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/parallel/parallel.h"
 
@@ -57,7 +57,7 @@ TEST(Parallelism, ZeroTwoKeepsItsPiecesOfTheGradients) {
   for (int world : {2, 4}) {
     const RankBytes b = rank_bytes(z2, world, n, adamw);
     EXPECT_DOUBLE_EQ(b.weights, 4 * n);
-    EXPECT_DOUBLE_EQ(b.grads, 4 * n / world + (Zero2::kInFlight + 1) * 1e6) << "world " << world;
+    EXPECT_DOUBLE_EQ(b.grads, 4 * n / world + (PieceReduction::kInFlight + 1) * 1e6) << "world " << world;
     EXPECT_DOUBLE_EQ(b.optimizer, 8 * n / world);
     EXPECT_NE(b.stage.find("dist.zero=2 at " + std::to_string(world) + " ranks"), std::string::npos) << b.stage;
     EXPECT_DOUBLE_EQ(rank_bytes(z2, world, n, adamw, /*grad_accum=*/2).grads, 4 * n / world + 4 * n);
@@ -81,7 +81,7 @@ TEST(Parallelism, ZeroThreeKeepsItsPiecesOfWeightsGradientsAndMoments) {
   for (int world : {2, 4}) {
     const RankBytes b = rank_bytes(z3, world, n, adamw);
     EXPECT_DOUBLE_EQ(b.weights, 4 * n / world);
-    EXPECT_DOUBLE_EQ(b.grads, 4 * n / world + (Zero2::kInFlight + 1) * 1e6) << "world " << world;
+    EXPECT_DOUBLE_EQ(b.grads, 4 * n / world + (PieceReduction::kInFlight + 1) * 1e6) << "world " << world;
     EXPECT_DOUBLE_EQ(b.optimizer, 8 * n / world);
     EXPECT_NE(b.stage.find("dist.zero=3 at " + std::to_string(world) + " ranks (weights, gradients and optimizer"),
               std::string::npos) << b.stage;

@@ -1,5 +1,6 @@
-// ZeRO-2 (dist.zero: 2): ZeRO-1 (zero1.h) whose ranks also keep the summed gradients of their own
-// pieces only (4N/world bytes instead of 4N). There is no flat gradient buffer (GradPath::pieces,
+// The gradients kept as the rank's pieces (a part of a strategy, parts.h): ZeRO-2 (dist.zero: 2) is
+// the optimizer's shards (zero1.h) with this reduction, so that a rank keeps the summed gradients of
+// its own pieces only (4N/world bytes instead of 4N); ZeRO-3 adds the weights' shards (zero3.h). There is no flat gradient buffer (GradPath::pieces,
 // trainer/optim/flat_params.h): backward leaves each parameter's gradient in its own .grad; when a
 // bucket's last gradient arrives (the autograd hooks of grad_sync.h) its parameters' gradients are
 // added into a fresh bucket-sized buffer (0 + g: the bits of plain data parallelism's zeroed flat
@@ -45,34 +46,37 @@
 
 #include "trainer/optim/flat_norm.h"
 #include "trainer/parallel/global_batch.h"
+#include "trainer/parallel/parts.h"
 #include "trainer/parallel/zero1.h"
 
 namespace lm {
 
-class Zero2 : public Zero1 {
+class PieceReduction : public GradReduction {
  public:
   static constexpr size_t kInFlight = 2;  // bucket buffers alive at once
-  explicit Zero2(const ParallelInit& init);
+  // REQUIRES: init.flat with GradPath::pieces. shards outlives it.
+  PieceReduction(const ParallelInit& init, const OptimizerShards& shards);
+  // The gradient buckets' hooks (logged).
+  void start() override;
   void before_backward(const MicroStep& m) override;
   void after_micro_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   torch::Tensor grad_norm(int64_t step) override;
   torch::Tensor sum_losses(const std::vector<torch::Tensor>& losses) const override {
-    return batch_ ? batch_->sum_losses(losses) : Zero1::sum_losses(losses);
+    return batch_ ? batch_->sum_losses(losses) : GradReduction::sum_losses(losses);
   }
   Stateful* checkpointed() override { return batch_ ? batch_->checkpointed() : nullptr; }
+  bool keeps_pieces() const override { return true; }
   std::string describe(int64_t optimizer_bytes, const std::string& what) const override;
-  std::string name() const override { return "zero2"; }
-  // Zero1's record, "gradients" sharded; under dist.invariant "invariant": true, the global batch's
+  // {"world_size", "bucket_mb", "reduce"}; under dist.invariant "invariant": true, the global batch's
   // facts (GlobalBatch::record) and "combine": "all-gather".
   nlohmann::json record() const override;
 
- protected:
-  GradSync::Reduce reduce() override;
+ private:
+  GradSync::Reduce reduce();
+  std::string reduce_name() const { return reduce_scatter_ ? "reduce-scatter" : "all-reduce"; }
   // Under dist.invariant: "invariant: <the global batch>; " (else "").
   std::string invariant_line() const;
-
- private:
   struct InFlight {
     size_t bucket;
     torch::Tensor sums;  // the bucket's buffer
@@ -88,6 +92,13 @@ class Zero2 : public Zero1 {
   // sums added in the tree, this rank's piece kept, the norm fed.
   void combine(size_t i);
 
+  Comm& comm_;
+  FlatParams& flat_;
+  torch::nn::Module& model_;
+  double bucket_mb_;
+  const ZeroLayout& layout_;  // the optimizer's shards'
+  bool reduce_scatter_;
+  std::unique_ptr<GradSync> sync_;
   std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
   std::vector<std::vector<std::pair<FlatRange, int64_t>>> mine_;  // bucket -> this rank's ranges and their offsets there
   std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()

@@ -1,14 +1,18 @@
-// ZeRO-2: the gradients of each bucket reduced and kept as this rank's pieces (see zero2.h).
-#include "trainer/parallel/zero2.h"
+// The gradients of each bucket reduced and kept as this rank's pieces: ZeRO-2 and 3 (see piece_reduction.h).
+#include "trainer/parallel/piece_reduction.h"
+
+#include "trainer/parallel/bucket_reduction.h"
 
 #include "common/log.h"
 
 namespace lm {
 
-Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
-  TORCH_CHECK(flat_.path().pieces, "Zero2: the flat parameters need GradPath::pieces (parallel.h grads_in_pieces)");
-  flat_.keep_grad_pieces(owned_);
-  // Where each bucket's piece sits in the packed buffer (owned_ leaves empty pieces out).
+PieceReduction::PieceReduction(const ParallelInit& init, const OptimizerShards& shards)
+    : comm_(*init.comm), flat_(init.flat), model_(init.model), bucket_mb_(init.dist.bucket_mb), layout_(shards.layout()),
+      reduce_scatter_(shards.reduce_scatter()) {
+  TORCH_CHECK(flat_.path().pieces, "PieceReduction: the flat parameters need GradPath::pieces (parallel.h grads_in_pieces)");
+  flat_.keep_grad_pieces(shards.owned());
+  // Where each bucket's piece sits in the packed buffer (empty pieces left out).
   int64_t at = 0;
   const auto& entries = flat_.entries();
   size_t e = 0;
@@ -30,7 +34,7 @@ Zero2::Zero2(const ParallelInit& init) : Zero1(init) {
   }
 }
 
-torch::Tensor Zero2::bucket_sums(size_t i) {
+torch::Tensor PieceReduction::bucket_sums(size_t i) {
   torch::NoGradGuard ng;
   const auto& bucket = layout_.buckets[i];
   // 0 + each gradient: what plain data parallelism's zeroed flat buffer holds after the backward.
@@ -46,7 +50,7 @@ torch::Tensor Zero2::bucket_sums(size_t i) {
   return sums;
 }
 
-void Zero2::combine(size_t i) {
+void PieceReduction::combine(size_t i) {
   torch::NoGradGuard ng;
   const auto& bucket = layout_.buckets[i];
   torch::Tensor mine = stash_[i].finish();
@@ -58,7 +62,7 @@ void Zero2::combine(size_t i) {
   if (stream_norm_) norm_.add(bucket.offset, sums.data_ptr<float>(), sums.numel());
 }
 
-GradSync::Reduce Zero2::reduce() {
+GradSync::Reduce PieceReduction::reduce() {
   return [this](size_t i, torch::Tensor) {
     if (batch_) {  // dist.invariant: into the bucket's tree; the last micro-batch combines the ranks' sums
       stash_[i].push(bucket_sums(i), /*borrowed=*/false);
@@ -83,13 +87,13 @@ GradSync::Reduce Zero2::reduce() {
   };
 }
 
-void Zero2::keep_mine(size_t i, const torch::Tensor& sums) {
+void PieceReduction::keep_mine(size_t i, const torch::Tensor& sums) {
   const auto& bucket = layout_.buckets[i];
   for (const auto& [r, at] : mine_[i])
     flat_.grad_pieces().narrow(0, at, r.numel).copy_(sums.narrow(0, r.offset - bucket.offset, r.numel));
 }
 
-void Zero2::complete_oldest() {
+void PieceReduction::complete_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   for (auto& w : f.work)
@@ -110,26 +114,28 @@ void Zero2::complete_oldest() {
   // f.sums dropped here: the bucket's buffer freed.
 }
 
-void Zero2::before_backward(const MicroStep& m) {
+void PieceReduction::start() { sync_ = start_grad_sync(comm_, flat_, model_, bucket_mb_, reduce(), reduce_name()); }
+
+void PieceReduction::before_backward(const MicroStep& m) {
   if (m.last() && stream_norm_) norm_.reset();  // the buckets complete during this backward
-  if (!batch_) return Zero1::before_backward(m);
+  if (!batch_) return sync_->begin(m.last());
   batch_->seed(m);
   last_ = m.last();
   sync_->begin(/*sync=*/true);  // every micro-batch's buckets go into the trees
 }
 
-void Zero2::after_micro_backward(const MicroStep& m) {
+void PieceReduction::after_micro_backward(const MicroStep& m) {
   // dist.invariant: the buckets no hook launched (parameters without a gradient: zeros) pushed too,
   // so every bucket's tree has a leaf per micro-batch. The last one's are after_backward's.
   if (batch_ && !m.last()) sync_->finish(m.step);
 }
 
-void Zero2::after_backward(int64_t step) {
+void PieceReduction::after_backward(int64_t step) {
   sync_->finish(step);  // launches the buckets no hook launched; their work is ours
   while (!in_flight_.empty()) complete_oldest();
 }
 
-torch::Tensor Zero2::grad_norm(int64_t step) {
+torch::Tensor PieceReduction::grad_norm(int64_t step) {
   if (stream_norm_) return torch::full({}, norm_.result(), flat_.options());
   // From the pieces: their sums of squares all-reduced.
   auto total = flat_.grad_pieces().numel() > 0 ? flat_.grad_pieces().pow(2).sum() : torch::zeros({}, flat_.options());
@@ -137,9 +143,8 @@ torch::Tensor Zero2::grad_norm(int64_t step) {
   return total.sqrt();
 }
 
-nlohmann::json Zero2::record() const {
-  auto j = Zero1::record();
-  j["sharded"].push_back("gradients");
+nlohmann::json PieceReduction::record() const {
+  nlohmann::json j = {{"world_size", layout_.world}, {"bucket_mb", bucket_mb_}, {"reduce", reduce_name()}};
   if (batch_) {
     j["invariant"] = true;
     batch_->record(j);
@@ -148,20 +153,20 @@ nlohmann::json Zero2::record() const {
   return j;
 }
 
-std::string Zero2::invariant_line() const {
+std::string PieceReduction::invariant_line() const {
   if (!batch_) return "";
   return "invariant: " + batch_->describe() + "; each bucket's sums in a tree stash per micro-batch, at the last one " +
          combine_line(combine_, layout_.buckets.size(), static_cast<double>(flat_.numel()) * 4 / 1e6, layout_.world) + "; ";
 }
 
-std::string Zero2::describe(int64_t state_bytes, const std::string& what) const {
+std::string PieceReduction::describe(int64_t state_bytes, const std::string& what) const {
   const double owned = static_cast<double>(layout_.owned_numel()), all = static_cast<double>(flat_.numel());
   const double whole = owned > 0 ? static_cast<double>(state_bytes) * all / owned : 0;
   const double elem = static_cast<double>(flat_.options().dtype().itemsize());
   return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu %s): "
               "gradients %.1f MB of %.1f MB, optimizer state %.1f MB of %.1f MB; gradients %s, norm %s, weights "
               "all-gathered after each update",
-              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), owned_.size(), layout_.cut(),
+              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), flat_.grad_piece_ranges().size(), layout_.cut(),
               owned * elem / 1e6, all * elem / 1e6, static_cast<double>(state_bytes) / 1e6, whole / 1e6,
               batch_ ? "added in the tree (dist.invariant)"
               : reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",
