@@ -32,12 +32,6 @@ struct UnitShardsGradHook : torch::autograd::FunctionPostHook {
   std::function<void()> fn;
 };
 
-void zero3_add_range(std::vector<FlatRange>& out, int64_t offset, int64_t numel) {
-  if (numel <= 0) return;
-  if (!out.empty() && out.back().offset + out.back().numel == offset) out.back().numel += numel;
-  else out.push_back({offset, numel});
-}
-
 }  // namespace
 
 UnitShards::UnitShards(const ParallelInit& init, const OptimizerShards& shards)
