@@ -13,6 +13,13 @@
 
 namespace lm {
 
+void adam_update(torch::Tensor w, const torch::Tensor& g, torch::Tensor m, torch::Tensor v, double b1, double b2,
+                 double eps, double step_size, double bc2_sqrt) {
+  m.mul_(b1).add_(g, 1 - b1);
+  v.mul_(b2).addcmul_(g, g, 1 - b2);
+  w.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), -step_size);
+}
+
 AdamW::AdamW(FlatParams& flat, const OptimConfig& cfg, std::optional<std::vector<FlatRange>> owned)
     : flat_(flat), cfg_(cfg), owned_(owned ? std::move(*owned) : std::vector<FlatRange>{{0, flat.numel()}}),
       sharded_(owned.has_value()) {
@@ -79,11 +86,8 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
       if (seg.decay) p.narrow(0, flat_.weight_index(seg.offset), seg.numel).mul_(1.0 - lr * wd);
   int64_t state = 0;
   for (const auto& r : owned_) {  // unsharded: one range, the whole buffer
-    auto m = m_.narrow(0, state, r.numel), v = v_.narrow(0, state, r.numel);
-    auto pr = p.narrow(0, flat_.weight_index(r.offset), r.numel), gr = g.narrow(0, packed ? state : r.offset, r.numel);
-    m.mul_(b1).add_(gr, 1 - b1);
-    v.mul_(b2).addcmul_(gr, gr, 1 - b2);
-    pr.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), -step_size);
+    adam_update(p.narrow(0, flat_.weight_index(r.offset), r.numel), g.narrow(0, packed ? state : r.offset, r.numel),
+                m_.narrow(0, state, r.numel), v_.narrow(0, state, r.numel), b1, b2, eps, step_size, bc2_sqrt);
     state += r.numel;
   }
 }
@@ -166,12 +170,7 @@ void AdamW::load_state(const ComponentState* in) {
   std::vector<int64_t> covered(owned_.size(), 0);
   load_tensors(st.tensors, &covered);
   for (const auto& read_shard : st.shards) load_tensors(read_shard(), &covered);  // one part in memory at a time
-  for (size_t i = 0; i < owned_.size(); ++i)
-    if (covered[i] != 2 * owned_[i].numel)
-      throw CheckpointError(strf("optimizer state: the moments of flat values %lld..%lld got %lld values from the "
-                                 "checkpoint, %lld expected (a part missing, or parts overlapping)",
-                                 (long long)owned_[i].offset, (long long)(owned_[i].offset + owned_[i].numel - 1),
-                                 (long long)covered[i], (long long)(2 * owned_[i].numel)));
+  check_flat_coverage(owned_, covered, 2, "moments");
   t_ = st.values.at("step").get<int64_t>();
   step_ = torch::Tensor();  // the fused kernel's device-side counter is rebuilt from t_
 }

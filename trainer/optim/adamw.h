@@ -26,6 +26,13 @@ namespace lm {
 // owns, it keeps the moments of those ranges only, packed one after another, and steps only them
 // (the same update of each value: the same bits as the whole buffer's); whoever shards it gathers
 // the updated weights afterwards.
+// Adam's update of weights w from gradients g with moments m and v, as tensor ops (no weight decay):
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= step_size * m / (sqrt(v)/bc2_sqrt + eps), with
+// step_size = lr / (1 - b1^t) and bc2_sqrt = sqrt(1 - b2^t). AdamW's update off the CPU float32
+// loop, and Muon's for what is not a hidden matrix.
+void adam_update(torch::Tensor w, const torch::Tensor& g, torch::Tensor m, torch::Tensor v, double b1, double b2,
+                 double eps, double step_size, double bc2_sqrt);
+
 class AdamW : public Optimizer {
  public:
   // Throws ConfigError naming optim.fused when it is "on" and this LibTorch has no kernel here.

@@ -76,6 +76,17 @@ void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& packed
   }
 }
 
+void check_flat_coverage(const std::vector<FlatRange>& ranges, const std::vector<int64_t>& covered, int copies,
+                         const std::string& what) {
+  for (size_t i = 0; i < ranges.size(); ++i)
+    if (covered[i] != copies * ranges[i].numel)
+      throw CheckpointError(strf("optimizer state: the %s of flat values %lld..%lld got %lld values from the "
+                                 "checkpoint, %lld expected (a part missing, or parts overlapping)",
+                                 what.c_str(), (long long)ranges[i].offset,
+                                 (long long)(ranges[i].offset + ranges[i].numel - 1), (long long)covered[i],
+                                 (long long)(copies * ranges[i].numel)));
+}
+
 void load_flat_values(const FlatParams& flat, torch::Tensor& values, const ComponentState& st, const std::string& what,
                       const std::vector<FlatRange>* only, bool packed) {
   const std::vector<FlatRange> ranges = only ? *only : std::vector<FlatRange>{{0, flat.numel()}};

@@ -50,6 +50,12 @@ bool parse_flat_slice(const FlatParams& flat, const std::string& name, const tor
 void copy_flat_slice(const std::vector<FlatRange>& ranges, torch::Tensor& values, const FlatSlice& s,
                      const torch::Tensor& t, std::vector<int64_t>* covered, bool indexed = false);
 
+// After loading `copies` buffers laid out over `ranges` (the optimizer's moments: 2): throws
+// CheckpointError naming `what` and the first range whose count in `covered` (copy_flat_slice's) is
+// not copies x its values (a part missing, or parts overlapping).
+void check_flat_coverage(const std::vector<FlatRange>& ranges, const std::vector<int64_t>& covered, int copies,
+                         const std::string& what);
+
 // A component's saved tensors (whole "<param>" or sliced, and the parts of a sharded one, read one
 // at a time: ComponentState::shards) copied into `values`, laid out as the flat buffer: all of it,
 // or only the values in `only` (a rank that keeps its pieces: the rest of `values` is not touched).

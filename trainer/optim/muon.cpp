@@ -6,6 +6,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "trainer/optim/adamw.h"
 #include "trainer/optim/flat_state.h"
 
 namespace lm {
@@ -88,10 +89,8 @@ void Muon::step(double lr, const torch::Tensor& found_inf) {
       if (wd > 0) w.mul_(1.0 - lr_m * wd);
       w.add_(x.reshape({-1}), -lr_m * std::sqrt(std::max(1.0, static_cast<double>(q.rows) / static_cast<double>(q.cols))));
     } else {
-      auto m = m_.narrow(0, q.state_offset, q.numel), v = v_.narrow(0, q.state_offset, q.numel);
-      m.mul_(b1).add_(gr, 1 - b1);
-      v.mul_(b2).addcmul_(gr, gr, 1 - b2);
-      w.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(cfg_.eps), -lr / bc1);
+      adam_update(w, gr, m_.narrow(0, q.state_offset, q.numel), v_.narrow(0, q.state_offset, q.numel), b1, b2, cfg_.eps,
+                  lr / bc1, bc2_sqrt);
     }
   }
 }
@@ -122,16 +121,8 @@ void Muon::load_state(const ComponentState* in) {
   };
   load(st.tensors);
   for (const auto& read_shard : st.shards) load(read_shard());
-  auto check = [](const std::vector<FlatRange>& ranges, const std::vector<int64_t>& got, int copies, const char* what) {
-    for (size_t i = 0; i < ranges.size(); ++i)
-      if (got[i] != copies * ranges[i].numel)
-        throw CheckpointError(strf("optimizer state: the %s of flat values %lld..%lld got %lld values from the "
-                                   "checkpoint, %lld expected", what, (long long)ranges[i].offset,
-                                   (long long)(ranges[i].offset + ranges[i].numel - 1), (long long)got[i],
-                                   (long long)(copies * ranges[i].numel)));
-  };
-  check(matrices_, mats, 1, "Muon momentum");
-  check(others_, rest, 2, "AdamW moments");
+  check_flat_coverage(matrices_, mats, 1, "Muon momentum");
+  check_flat_coverage(others_, rest, 2, "AdamW moments");
   t_ = st.values.at("step").get<int64_t>();
 }
 

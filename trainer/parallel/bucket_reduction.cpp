@@ -6,8 +6,15 @@
 
 namespace lm {
 
+namespace {
+// "optimizer state X MB: <what> of every weight<tail>": a rank that keeps the whole state.
+std::string whole_state_line(int64_t optimizer_bytes, const std::string& what, const char* tail = "") {
+  return strf("optimizer state %.1f MB: %s of every weight%s", optimizer_bytes / 1e6, what.c_str(), tail);
+}
+}  // namespace
+
 std::string NoReduction::describe(int64_t optimizer_bytes, const std::string& what) const {
-  return strf("optimizer state %.1f MB: %s of every weight", optimizer_bytes / 1e6, what.c_str());
+  return whole_state_line(optimizer_bytes, what);
 }
 
 std::unique_ptr<GradSync> start_grad_sync(Comm& comm, FlatParams& flat, torch::nn::Module& model, double bucket_mb,
@@ -51,9 +58,7 @@ nlohmann::json BucketReduction::record() const {
 }
 
 std::string BucketReduction::describe(int64_t optimizer_bytes, const std::string& what) const {
-  if (!shards_)
-    return strf("optimizer state %.1f MB: %s of every weight%s", optimizer_bytes / 1e6, what.c_str(),
-                world_ > 1 ? ", on every rank (dist.zero: 1 shards them)" : "");
+  if (!shards_) return whole_state_line(optimizer_bytes, what, world_ > 1 ? ", on every rank (dist.zero: 1 shards them)" : "");
   return strf("zero-1: rank %d keeps %s; gradients %s, weights all-gathered after each update", rank_,
               shards_->describe(optimizer_bytes, what, flat_.numel()).c_str(),
               shards_->reduce_scatter() ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)");

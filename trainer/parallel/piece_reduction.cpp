@@ -8,8 +8,8 @@
 namespace lm {
 
 PieceReduction::PieceReduction(const ParallelInit& init, const OptimizerShards& shards)
-    : comm_(*init.comm), flat_(init.flat), model_(init.model), bucket_mb_(init.dist.bucket_mb), layout_(shards.layout()),
-      reduce_scatter_(shards.reduce_scatter()) {
+    : comm_(*init.comm), flat_(init.flat), model_(init.model), bucket_mb_(init.dist.bucket_mb), shards_(shards),
+      layout_(shards.layout()) {
   TORCH_CHECK(flat_.path().pieces, "PieceReduction: the flat parameters need GradPath::pieces (parallel.h grads_in_pieces)");
   flat_.keep_grad_pieces(shards.owned());
   // Where each bucket's piece sits in the packed buffer (empty pieces left out).
@@ -17,7 +17,6 @@ PieceReduction::PieceReduction(const ParallelInit& init, const OptimizerShards& 
   const auto& entries = flat_.entries();
   size_t e = 0;
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    piece_at_.push_back(at);
     mine_.emplace_back();
     for (const auto& r : layout_.ranges(b, layout_.rank)) mine_.back().push_back({r, at}), at += r.numel;
     const auto& bucket = layout_.buckets[b];
@@ -25,7 +24,7 @@ PieceReduction::PieceReduction(const ParallelInit& init, const OptimizerShards& 
     while (e < entries.size() && entries[e].offset < bucket.offset + bucket.numel) ++e;
     entries_of_.emplace_back(first, e);
   }
-  stream_norm_ = !reduce_scatter_ && flat_.options().device().is_cpu();
+  stream_norm_ = !shards_.reduce_scatter() && flat_.options().device().is_cpu();
   if (init.dist.invariant) {
     batch_ = std::make_unique<GlobalBatch>(init);
     stash_.resize(layout_.buckets.size());
@@ -75,10 +74,10 @@ GradSync::Reduce PieceReduction::reduce() {
     auto sums = bucket_sums(i);
     InFlight f{i, sums, {}};
     const int64_t s = layout_.piece_size(i), main = s * layout_.world;
-    if (!reduce_scatter_) {
+    if (!shards_.reduce_scatter()) {
       f.work.push_back(comm_.all_reduce_async(sums));
     } else {
-      auto mine = flat_.grad_pieces().narrow(0, piece_at_[i], s);
+      auto mine = flat_.grad_pieces().narrow(0, piece_at(i), s);
       if (s > 0) f.work.push_back(comm_.reduce_scatter_async(sums.narrow(0, 0, main), mine));
       if (main < bucket.numel) f.work.push_back(comm_.all_reduce_async(sums.narrow(0, main, bucket.numel - main)));
     }
@@ -101,7 +100,7 @@ void PieceReduction::complete_oldest() {
   torch::NoGradGuard ng;
   const auto& bucket = layout_.buckets[f.bucket];
   auto dst = flat_.grad_pieces();
-  if (!reduce_scatter_) {
+  if (!shards_.reduce_scatter()) {
     keep_mine(f.bucket, f.sums);
     if (stream_norm_) norm_.add(bucket.offset, f.sums.data_ptr<float>(), f.sums.numel());
   } else {
@@ -109,7 +108,7 @@ void PieceReduction::complete_oldest() {
     // values left over, all-reduced in the bucket's buffer.
     const int64_t s = layout_.piece_size(f.bucket), main = s * layout_.world;
     if (layout_.rank == layout_.world - 1 && main < bucket.numel)
-      dst.narrow(0, piece_at_[f.bucket] + s, bucket.numel - main).copy_(f.sums.narrow(0, main, bucket.numel - main));
+      dst.narrow(0, piece_at(f.bucket) + s, bucket.numel - main).copy_(f.sums.narrow(0, main, bucket.numel - main));
   }
   // f.sums dropped here: the bucket's buffer freed.
 }
@@ -161,15 +160,13 @@ std::string PieceReduction::invariant_line() const {
 
 std::string PieceReduction::describe(int64_t state_bytes, const std::string& what) const {
   const double owned = static_cast<double>(layout_.owned_numel()), all = static_cast<double>(flat_.numel());
-  const double whole = owned > 0 ? static_cast<double>(state_bytes) * all / owned : 0;
   const double elem = static_cast<double>(flat_.options().dtype().itemsize());
-  return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s of %lld of %lld weights (%zu %s): "
-              "gradients %.1f MB of %.1f MB, optimizer state %.1f MB of %.1f MB; gradients %s, norm %s, weights "
-              "all-gathered after each update",
-              layout_.rank, what.c_str(), (long long)layout_.owned_numel(), (long long)flat_.numel(), flat_.grad_piece_ranges().size(), layout_.cut(),
-              owned * elem / 1e6, all * elem / 1e6, static_cast<double>(state_bytes) / 1e6, whole / 1e6,
+  return invariant_line() + strf("zero-2: rank %d keeps the summed gradients and %s; gradients %.1f MB of %.1f MB; "
+              "gradients %s, norm %s, weights all-gathered after each update",
+              layout_.rank, shards_.describe(state_bytes, what, flat_.numel()).c_str(), owned * elem / 1e6,
+              all * elem / 1e6,
               batch_ ? "added in the tree (dist.invariant)"
-              : reduce_scatter_ ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",
+              : shards_.reduce_scatter() ? "reduce-scattered" : "all-reduced (the backend has no reduce-scatter: the same sums)",
               stream_norm_ ? "streamed bucket by bucket (the bits of the flat norm)"
                     : "from the pieces");
 }

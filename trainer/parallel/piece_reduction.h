@@ -74,7 +74,9 @@ class PieceReduction : public GradReduction {
 
  private:
   GradSync::Reduce reduce();
-  std::string reduce_name() const { return reduce_scatter_ ? "reduce-scatter" : "all-reduce"; }
+  std::string reduce_name() const { return shards_.reduce_scatter() ? "reduce-scatter" : "all-reduce"; }
+  // Where bucket b's piece of this rank starts in the packed gradients (reduce-scatter: one piece).
+  int64_t piece_at(size_t b) const { return mine_[b].empty() ? 0 : mine_[b][0].second; }
   // Under dist.invariant: "invariant: <the global batch>; " (else "").
   std::string invariant_line() const;
   struct InFlight {
@@ -96,10 +98,9 @@ class PieceReduction : public GradReduction {
   FlatParams& flat_;
   torch::nn::Module& model_;
   double bucket_mb_;
-  const ZeroLayout& layout_;  // the optimizer's shards'
-  bool reduce_scatter_;
+  const OptimizerShards& shards_;
+  const ZeroLayout& layout_;  // shards_.layout()
   std::unique_ptr<GradSync> sync_;
-  std::vector<int64_t> piece_at_;                      // bucket -> its piece's offset in the packed gradients
   std::vector<std::vector<std::pair<FlatRange, int64_t>>> mine_;  // bucket -> this rank's ranges and their offsets there
   std::vector<std::pair<size_t, size_t>> entries_of_;  // bucket -> [first, last) of flat.entries()
   std::deque<InFlight> in_flight_;

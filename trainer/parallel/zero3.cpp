@@ -35,7 +35,7 @@ struct UnitShardsGradHook : torch::autograd::FunctionPostHook {
 }  // namespace
 
 UnitShards::UnitShards(const ParallelInit& init, const OptimizerShards& shards)
-    : comm_(*init.comm), flat_(init.flat), model_(init.model), layout_(shards.layout()), owned_(shards.owned()),
+    : comm_(*init.comm), flat_(init.flat), model_(init.model), shards_(shards),
       lm_(dynamic_cast<LMImpl*>(&init.model)) {
   if (!lm_) throw ConfigError("key 'dist.zero': 3 shards the weights of a language model's units (blocks and the rest); this module is none");
   TORCH_CHECK(flat_.path().weight_pieces, "UnitShards: the flat parameters need GradPath::weight_pieces (parallel.h weights_in_pieces)");
@@ -78,7 +78,7 @@ UnitShards::UnitShards(const ParallelInit& init, const OptimizerShards& shards)
     }
   // This rank's pieces packed apart (the values written so far kept), then every parameter a view of
   // its unit's storage, which holds memory only while the unit is gathered.
-  flat_.keep_weight_pieces(owned_);
+  flat_.keep_weight_pieces(shards_.owned());
   torch::NoGradGuard ng;
   for (auto& unit : units_) unit.store = torch::empty({unit.numel}, flat_.options());
   const auto& entries = flat_.entries();

@@ -58,7 +58,7 @@ class UnitShards : public WeightShards {
   void before_backward(const MicroStep& m) override;
   void after_backward(int64_t step) override;
   // Its pieces (the optimizer's ranges): checkpoints save them as they are, one part per rank.
-  std::vector<FlatRange> part() const override { return owned_; }
+  std::vector<FlatRange> part() const override { return shards_.owned(); }
   // Range `r` gathered into a tensor of its own: each owner broadcasts its values of it.
   torch::Tensor gather(FlatRange r) override;
   // Every unit released: the next forward gathers the pieces as they are now.
@@ -92,13 +92,12 @@ class UnitShards : public WeightShards {
   void grad_accumulated(size_t u);
   void note_held();
 
-  const ZeroLayout& layout() const { return layout_; }
+  const ZeroLayout& layout() const { return shards_.layout(); }
 
   Comm& comm_;
   FlatParams& flat_;
   torch::nn::Module& model_;
-  const ZeroLayout& layout_;  // the optimizer's shards'
-  std::vector<FlatRange> owned_;
+  const OptimizerShards& shards_;  // the pieces this rank keeps
   LMImpl* lm_;
   std::vector<Unit> units_;  // blocks, then the rest
   size_t blocks_ = 0;
